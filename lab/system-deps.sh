@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Host packages the lab needs (Debian 12). Idempotent: returns at once when all are installed.
+#   docker.io     dockerd + containerd for the lab's node containers (Docker-in-Docker)
+#   debootstrap   builds the Debian base image (no registry reachable: LAB-NOTES "Images")
+#   openssh-client, rsync   reaching the nodes as a Spark is reached
+#   iproute2, iptables, curl, ca-certificates   networks, checks, and the CA bundle for pip
+set -euo pipefail
+
+PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "system-deps: all present (${PKGS[*]})"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+echo "system-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+echo "system-deps: done"
