@@ -1,0 +1,336 @@
+"""Pure builders: spec in, argv lists and POSIX sh scripts out. No Pulumi import.
+
+Every piece of data enters a script through `shlex.quote`/`shlex.join`; the only unquoted
+shell text is the fixed scaffolding written here. Scripts run through the SSH user's login
+shell (pulumi-command's remote.Command), so they stay POSIX sh.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+from importlib import resources
+
+from .spec import ClusterSpec, NodeSpec
+
+HEAD, WORKER, VLLM = "ray-head", "ray-worker", "vllm"
+LABEL = "spark-vllm"
+
+# Where the 0600 env-files live on a node, relative to the SSH user's $HOME (a DGX Spark user
+# such as `aurora` can run docker but cannot write /var/lib).
+STATE_DIR_SH = '"$HOME"/.spark-vllm/'
+
+# Polling interval of every wait loop. Ray's head is up ~3.6 s after `docker run` on the lab
+# (LAB-NOTES), so half a second costs little and keeps the critical path short.
+POLL_INTERVAL_S = 0.5
+# Progress line cadence during long waits (model loads take minutes on a Spark).
+PROGRESS_EVERY_S = 10
+
+# `ray start` prints this once its raylet is up (and, on workers, joined the GCS).
+RAY_STARTED_MARK = "Ray runtime started"
+# vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
+# with the gate passed it means vLLM asks Ray for something Ray does not have (the seeds' hang).
+PG_WAITING_MARK = "Waiting for creating a placement group"
+
+
+def container_name(spec: ClusterSpec, role: str) -> str:
+    """Fixed per stack and role (invariant 4): a rerun finds and replaces its own leftovers."""
+    return f"{LABEL}-{spec.stack}-{role}"
+
+
+def env_file_name(role: str) -> str:
+    return f"{role}.env"
+
+
+def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
+    """The env of every container on `node`: the user's env, then what the program owns.
+
+    Computed per node from that node's own fields, never copied from the head: a worker cabled
+    on another port needs its own NCCL ifname/HCA (sparkrun#135), and vLLM does not forward
+    VLLM_HOST_IP from driver to workers (FIELD-NOTES, vLLM).
+    """
+    env = {"RAY_USAGE_STATS_ENABLED": "0", **spec.user_env}
+    env["VLLM_HOST_IP"] = node.identity_ip
+    if node.fabric_interface:
+        for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
+                    "UCX_NET_DEVICES"):
+            env[key] = node.fabric_interface
+    if node.ib_hca:
+        env["NCCL_IB_HCA"] = node.ib_hca
+    return env
+
+
+def env_hash(env: dict[str, str]) -> str:
+    """Short digest shown in diffs (invariant 3); env here holds no secret values."""
+    blob = json.dumps(env, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:12]
+
+
+def secret_env_file(role: str, hf_token: str | None, api_key: str | None) -> str:
+    """Content of the 0600 env-file a container reads with --env-file (invariant 6).
+
+    Only called inside `Output.apply` on secret values; the result stays a secret Output.
+    """
+    for value in (hf_token, api_key):
+        if value is not None and ("\n" in value or "\r" in value):
+            raise ValueError("secret values must be one line (docker --env-file format)")
+    lines = [f"# spark-vllm secrets for {role}; written by pulumi, mode 0600"]
+    if hf_token:
+        lines += [f"HF_TOKEN={hf_token}", f"HUGGING_FACE_HUB_TOKEN={hf_token}"]
+    if api_key and role == VLLM:
+        lines.append(f"VLLM_API_KEY={api_key}")
+    return "\n".join(lines) + "\n"
+
+
+def docker_run_argv(
+    spec: ClusterSpec, node: NodeSpec, role: str, entrypoint: str, args: list[str],
+    extra: list[str] | None = None,
+) -> list[str]:
+    argv = [
+        "docker", "run", "--detach", "--name", container_name(spec, role),
+        "--label", f"{LABEL}.stack={spec.stack}",
+        "--label", f"{LABEL}.role={role}",
+        "--label", f"{LABEL}.node={node.name}",
+        "--label", f"{LABEL}.identity={node.identity_ip}",
+        "--network", "host", "--ipc", "host", "--shm-size", spec.shm_size,
+    ]
+    if spec.docker_gpus != "none":
+        argv += ["--gpus", spec.docker_gpus]
+    argv += ["--volume", f"{spec.hf_cache}:/root/.cache/huggingface"]
+    argv += list(extra or [])
+    argv += ["--env-file", env_file_name(role)]
+    for key, value in node_env(spec, node).items():
+        argv += ["--env", f"{key}={value}"]
+    argv += ["--entrypoint", entrypoint, spec.image, *args]
+    return argv
+
+
+def ray_head_args(spec: ClusterSpec) -> list[str]:
+    node = spec.head
+    return ["start", "--head", f"--node-ip-address={node.identity_ip}",
+            f"--port={spec.ray_port}", f"--num-gpus={node.gpus}", "--block"]
+
+
+def ray_worker_args(spec: ClusterSpec, node: NodeSpec) -> list[str]:
+    return ["start", f"--address={spec.head.identity_ip}:{spec.ray_port}",
+            f"--node-ip-address={node.identity_ip}", f"--num-gpus={node.gpus}", "--block"]
+
+
+def vllm_serve_args(spec: ClusterSpec) -> list[str]:
+    # The API key is never here: vLLM reads VLLM_API_KEY from the env-file (invariant 6).
+    return [
+        "serve", spec.model,
+        "--tensor-parallel-size", str(spec.tensor_parallel_size),
+        "--pipeline-parallel-size", str(spec.pipeline_parallel_size),
+        "--distributed-executor-backend", "ray",
+        "--host", spec.api_host, "--port", str(spec.port),
+        "--served-model-name", spec.served_name,
+        *spec.vllm_args,
+    ]
+
+
+def head_run_argv(spec: ClusterSpec) -> list[str]:
+    # /tmp/ray is an anonymous volume so the vLLM container can share the head's Ray session
+    # (node_ip_address.json, raylet sockets): a driver that cannot read it resolves its IP from
+    # the default route and looks for a raylet that does not exist.
+    return docker_run_argv(spec, spec.head, HEAD, "ray", ray_head_args(spec),
+                           extra=["--volume", "/tmp/ray"])
+
+
+def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
+    # on-failure: a worker whose first join failed (fabric down, head slow) keeps retrying, so
+    # a rerun after the fault is fixed converges without a forced replace.
+    return docker_run_argv(spec, node, WORKER, "ray", ray_worker_args(spec, node),
+                           extra=["--restart", "on-failure"])
+
+
+def vllm_run_argv(spec: ClusterSpec) -> list[str]:
+    extra = ["--volumes-from", container_name(spec, HEAD),
+             "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}"]
+    return docker_run_argv(spec, spec.head, VLLM, "vllm", vllm_serve_args(spec), extra=extra)
+
+
+def _script_text(name: str) -> str:
+    return resources.files(__package__).joinpath("scripts", name).read_text()
+
+
+def _prelude(spec: ClusterSpec, node: NodeSpec, what: str) -> list[str]:
+    return [
+        "set -eu",
+        'PATH="$PATH:/usr/sbin:/sbin"',
+        f"node={shlex.quote(node.name)}",
+        f"log() {{ echo \"[spark-vllm] $node: {what}: $*\" >&2; }}",
+    ]
+
+
+def _remove_lines(name_var: str, env_file: str) -> list[str]:
+    """Remove a container; succeed when it is already gone, fail when docker itself fails."""
+    return [
+        f'if out=$(docker rm --force --volumes "${name_var}" 2>&1); then :; else',
+        '  case "$out" in *"No such container"*) ;; *) echo "$out" >&2; exit 1 ;; esac',
+        "fi",
+        f'rm -f {STATE_DIR_SH}"$stack"/{shlex.quote(env_file)}',
+        f'rmdir {STATE_DIR_SH}"$stack" 2>/dev/null || true',
+    ]
+
+
+def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
+    """`delete` of a container command: idempotent (invariant 4)."""
+    return "\n".join([
+        *_prelude(spec, node, f"remove {role}"),
+        f"stack={shlex.quote(spec.stack)}",
+        f"name={shlex.quote(container_name(spec, role))}",
+        'log "stopping $name"',
+        *_remove_lines("name", env_file_name(role)),
+    ]) + "\n"
+
+
+def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[str]) -> list[str]:
+    return [
+        f"deadline=$(( $(date +%s) + {timeout_s} )); start=$(date +%s); last=$start",
+        "while :; do",
+        '  status=$(docker inspect --format "{{.State.Status}}" "$name" 2>/dev/null || echo gone)',
+        '  [ "$status" = running ] || fail "container is $status before ready"',
+        *[f"  {line}" for line in extra_checks],
+        f"  if {ready_test}; then break; fi",
+        "  now=$(date +%s)",
+        f'  [ "$now" -lt "$deadline" ] || fail "not ready within {timeout_s} s"',
+        f'  if [ $((now - last)) -ge {PROGRESS_EVERY_S} ]; then '
+        f'last=$now; log "waiting for {what} ($((now - start)) s of {timeout_s} s)"; fi',
+        f"  sleep {POLL_INTERVAL_S}",
+        "done",
+    ]
+
+
+def _probe(spec: ClusterSpec, mode: str) -> str:
+    host = "127.0.0.1" if spec.api_host in ("0.0.0.0", "::") else spec.api_host
+    return shlex.join(["python3", "-c", _script_text("vllm_probe.py"), host, str(spec.port),
+                       spec.served_name, mode])
+
+
+def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) -> str:
+    """`create` of a container command: remove leftovers, write the env-file from stdin, run,
+    wait until ready (head: Ray up; vLLM: serving), print the container id on stdout.
+
+    On failure the container is removed after its log tail is shown, so nothing is left
+    half-done on the node and a rerun starts clean.
+    """
+    lines = [
+        *_prelude(spec, node, role),
+        f"stack={shlex.quote(spec.stack)}",
+        f"name={shlex.quote(container_name(spec, role))}",
+        f"umask 077; mkdir -p {STATE_DIR_SH}\"$stack\"; cd {STATE_DIR_SH}\"$stack\"",
+        f"cat > {shlex.quote(env_file_name(role))}",
+        "fail() {",
+        '  log "FAILED: $*"',
+        '  docker logs --tail 60 "$name" 2>&1 | sed "s/^/    | /" >&2 || true',
+        *[f"  {line}" for line in _remove_lines("name", env_file_name(role))],
+        "  exit 1",
+        "}",
+        # a leftover of the same name would make `docker run` fail with "already exists"
+        'docker rm --force --volumes "$name" >/dev/null 2>&1 || true',
+        f'log "starting $name on {node.identity_ip}"',
+        f"cid=$({shlex.join(argv)})",
+    ]
+    if role == HEAD:
+        lines += _wait_loop(
+            f'docker logs "$name" 2>&1 | grep -q {shlex.quote(RAY_STARTED_MARK)}',
+            spec.ray_timeout, "Ray head", [])
+    elif role == VLLM:
+        probe = _probe(spec, "ready")
+        pg_check = (
+            f'if docker logs --tail 200 "$name" 2>&1 | grep -q {shlex.quote(PG_WAITING_MARK)}; '
+            'then fail "vLLM is waiting for a Ray placement group that Ray cannot place: '
+            'the IP vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; fi'
+        )
+        lines += _wait_loop(f'docker exec "$name" {probe} 2>/dev/null', spec.vllm_timeout,
+                            f"vLLM {spec.served_name} to serve", [pg_check])
+        if spec.smoke_test:
+            smoke = _probe(spec, "smoke")
+            lines.append(f'docker exec "$name" {smoke} >&2 || fail "smoke request failed"')
+    lines += [f'log "ready: $name ${{cid%"${{cid#????????????}}"}}"', 'echo "$cid"']
+    return "\n".join(lines) + "\n"
+
+
+def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
+    """Checks one node before any container starts (invariant 5); prints a JSON summary."""
+    q = shlex.quote
+    image = q(spec.image)
+    lines = [
+        *_prelude(spec, node, "preflight"),
+        'fail() { log "FAILED: $*"; exit 1; }',
+        "command -v docker >/dev/null 2>&1 || fail \"docker is not installed or not on PATH\"",
+        'docker_v=$(docker version --format "{{.Server.Version}}" 2>&1) '
+        '|| fail "docker daemon not reachable as $(id -un): $docker_v"',
+    ]
+    if spec.check_gpu:
+        lines += [
+            "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)",
+            f'[ "$gpus" -ge {node.gpus} ] || fail "nvidia-smi sees ${{gpus:-0}} GPU(s), '
+            f'the spec says gpus: {node.gpus} (checkGpu: false only where no GPU exists)"',
+        ]
+    else:
+        lines.append("gpus=unchecked")
+    ip = node.identity_ip
+    if node.fabric_interface:
+        iface = q(node.fabric_interface)
+        lines += [
+            f"[ -e /sys/class/net/{iface} ] || fail \"fabricInterface {node.fabric_interface} "
+            "not found; interfaces here: $(ls /sys/class/net | tr '\\n' ' ')\"",
+            f"addrs=$(ip -o addr show dev {iface} | awk '{{print $4}}' | tr '\\n' ' ')",
+            f'case " $addrs" in *" {ip}/"*) ;; *) fail "fabricIp {ip} is not on '
+            f'{node.fabric_interface}; addresses there: ${{addrs:-none}}" ;; esac',
+        ]
+    else:
+        lines += [
+            "addrs=$(ip -o addr show | awk '{print $4}' | tr '\\n' ' ')",
+            f'case " $addrs" in *" {ip}/"*) ;; *) fail "host {ip} is the node identity but no '
+            f'interface has it (NAT?); set fabricIp/fabricInterface. Addresses: $addrs" ;; esac',
+        ]
+    if spec.image_pull == "always":
+        lines.append(f'log "pulling {spec.image}"; docker pull --quiet {image} >&2 '
+                     f'|| fail "docker pull {spec.image} failed"')
+    elif spec.image_pull == "missing":
+        lines.append(f"docker image inspect {image} >/dev/null 2>&1 || {{ log \"pulling "
+                     f"{spec.image}\"; docker pull --quiet {image} >&2 || fail \"docker pull "
+                     f"{spec.image} failed\"; }}")
+    lines += [
+        f"image_id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null) || fail "
+        f'"image {spec.image} is not on the node (imagePull: {spec.image_pull}); '
+        f'load it with: docker save IMAGE | ssh NODE docker load"',
+        # Ray is optional in vLLM images since 0.18, and head/worker must run the same Ray and
+        # Python (ray#50511): read both from the image once, here, not after a failed join.
+        f"versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
+        + q("import ray, sys; print(ray.__version__, sys.version.split()[0])")
+        + ' 2>&1) || fail "image has no python3 with ray: $(echo "$versions" | tail -n 3)"',
+        'versions=$(echo "$versions" | tail -n 1)',
+        f"""printf '{{"node": "%s", "identity": "%s", "docker": "%s", "gpus": "%s", """
+        """"image_id": "%s", "ray": "%s", "python": "%s"}}\\n' """
+        f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "${{versions% *}}" "${{versions#* }}"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def gate_expected(spec: ClusterSpec) -> list[dict[str, object]]:
+    return [{"name": n.name, "ip": n.identity_ip, "gpus": n.gpus} for n in spec.nodes]
+
+
+def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
+    """Readiness gate, run on the head: Ray's node table must match the spec (invariant 5).
+
+    `preflight_json` are the preflight summaries (one JSON per node) so the gate can also
+    name a Ray/Python version mismatch between nodes.
+    """
+    payload = json.dumps({"expected": gate_expected(spec), "timeout": spec.ray_timeout,
+                          "preflight": preflight_json}, sort_keys=True)
+    head = container_name(spec, HEAD)
+    return "\n".join([
+        *_prelude(spec, spec.head, "gate"),
+        # `timeout` bounds even a hung ray.init: a remote command is not killed by Pulumi's
+        # custom timeouts (FIELD-NOTES, Pulumi).
+        f"timeout {spec.ray_timeout + 30} docker exec -i {shlex.quote(head)} python3 - "
+        f"{shlex.quote(payload)} <<'SPARK_VLLM_PY'",
+        _script_text("ray_gate.py").rstrip("\n"),
+        "SPARK_VLLM_PY",
+    ]) + "\n"

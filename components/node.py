@@ -1,0 +1,80 @@
+"""SparkNode: one GPU host reached over SSH, checked by a preflight before any container."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_command import remote
+
+from . import commands
+from .spec import ClusterSpec, NodeSpec
+
+# Replace, never mutate (invariant 2): pulumi-command updates `create`, `connection` and
+# `environment` in place, which would leave the old container running.
+REPLACE = {"delete_before_replace": True, "replace_on_changes": ["*"]}
+
+
+@dataclass(frozen=True)
+class SparkNodeArgs:
+    spec: ClusterSpec
+    node: NodeSpec
+    ssh_private_key: pulumi.Input[str]  # a secret Output; makes the whole connection secret
+
+
+class SparkNode(pulumi.ComponentResource):
+    """SSH connection + preflight of one node (docker, GPU, fabric address, image)."""
+
+    identity_ip: pulumi.Output[str]
+    preflight_report: pulumi.Output[str]
+
+    def __init__(self, name: str, args: SparkNodeArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("spark-vllm:node:SparkNode", name, None, opts)
+        node, spec = args.node, args.spec
+        self.node = node
+        self.connection = remote.ConnectionArgs(
+            host=node.host, port=node.port, user=node.user,
+            private_key=pulumi.Output.secret(args.ssh_private_key),
+            host_key=node.host_key,
+            # a rebooting Spark takes a while to answer; fail in ~1 min, not pulumi's default
+            dial_error_limit=4, per_dial_timeout=15,
+        )
+        self.preflight = remote.Command(
+            f"{name}-preflight",
+            connection=self.connection,
+            create=commands.preflight_script(spec, node),
+            # plain facts for a reviewer: the connection itself shows only [secret]
+            triggers=[node.host, node.identity_ip, spec.image, spec.image_pull],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, **REPLACE),
+        )
+        self.identity_ip = pulumi.Output.from_input(node.identity_ip)
+        self.preflight_report = self.preflight.stdout
+        self.register_outputs({"identity_ip": self.identity_ip,
+                               "preflight_report": self.preflight_report})
+
+
+def container_command(
+    name: str, parent: pulumi.Resource, node: SparkNode, role: str, create: pulumi.Input[str],
+    delete: str, stdin: pulumi.Input[str] | None, triggers: list[pulumi.Input[object]],
+    depends_on: list[pulumi.Resource],
+) -> remote.Command:
+    """A remote.Command that owns one container: replaced as a whole, deleted before its
+    replacement starts, linked to what it depends on through `triggers` (invariant 2)."""
+    return remote.Command(
+        name,
+        connection=node.connection,
+        create=create,
+        delete=delete,
+        stdin=stdin,
+        triggers=triggers,
+        add_previous_output_in_env=False,
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on, **REPLACE),
+    )
+
+
+def env_facts(spec: ClusterSpec, node: NodeSpec) -> list[str]:
+    """What a reviewer reads in a diff of a container command (invariant 3)."""
+    return [node.host, node.identity_ip, spec.image,
+            "env:" + commands.env_hash(commands.node_env(spec, node))]

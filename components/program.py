@@ -1,0 +1,61 @@
+"""The whole program: config → ClusterSpec → components → outputs. `__main__.py` calls this;
+unit tests call `deploy` under mocks with a spec they build."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+from pulumi.runtime.config import get_config_env
+
+from .node import SparkNode, SparkNodeArgs
+from .ray_cluster import RayCluster, RayClusterArgs
+from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
+from .vllm_service import VllmService, VllmServiceArgs
+
+
+@dataclass(frozen=True)
+class Secrets:
+    ssh_private_key: pulumi.Input[str]
+    hf_token: pulumi.Input[str] | None = None
+    api_key: pulumi.Input[str] | None = None
+
+
+def read_config() -> tuple[ClusterSpec, Secrets]:
+    """Read the `spark-vllm:` config once and validate it whole, before any resource exists.
+
+    A bad config ends the run with a RunError that lists every problem (no stack trace).
+    """
+    raw, secrets_set = decode_config(get_config_env())
+    try:
+        spec = parse_spec(raw, pulumi.get_stack(), secrets_set)
+    except SpecError as err:
+        raise pulumi.RunError(str(err)) from None
+    cfg = pulumi.Config(NAMESPACE)
+    return spec, Secrets(
+        ssh_private_key=cfg.require_secret("sshPrivateKey"),
+        hf_token=cfg.get_secret("hfToken"),
+        api_key=cfg.get_secret("apiKey"),
+    )
+
+
+def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
+    """Build the component graph; return the stack outputs."""
+    nodes = [
+        SparkNode(n.name, SparkNodeArgs(spec=spec, node=n, ssh_private_key=secrets.ssh_private_key))
+        for n in spec.nodes
+    ]
+    cluster = RayCluster("ray", RayClusterArgs(spec=spec, nodes=nodes, hf_token=secrets.hf_token))
+    service = VllmService("vllm", VllmServiceArgs(
+        spec=spec, head=nodes[0], cluster=cluster,
+        hf_token=secrets.hf_token, api_key=secrets.api_key))
+    return {
+        "endpoint": service.endpoint,
+        "servedModelName": service.served_model_name,
+        "identityIps": {n.name: n.identity_ip for n in spec.nodes},
+        "containerIds": pulumi.Output.all(cluster.container_ids, service.container_id).apply(
+            lambda v: {**v[0], f"{spec.head.name}/vllm": v[1]}),
+        "preflight": {n.node.name: n.preflight_report for n in nodes},
+        "rayNodes": cluster.node_table,
+    }

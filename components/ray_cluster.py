@@ -1,0 +1,86 @@
+"""RayCluster: the head container, one worker container per other node, and the readiness gate.
+
+The chain runs through inputs, so the engine replaces it whole and in order: each worker's
+`triggers` holds the head's container id, the gate's holds every container id. A change of
+IP, image or env then plans delete gate → workers → head, create head → workers → gate
+(FIELD-NOTES, Pulumi: calculateDependentReplacements cascades only through inputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+from pulumi_command import remote
+
+from . import commands
+from .node import REPLACE, SparkNode, container_command, env_facts
+from .spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class RayClusterArgs:
+    spec: ClusterSpec
+    nodes: list[SparkNode]  # nodes[0] is the head
+    hf_token: pulumi.Input[str] | None = None  # secret
+
+
+class RayCluster(pulumi.ComponentResource):
+    """Ray head + workers on their identity IPs, gated on Ray's own node table."""
+
+    container_ids: pulumi.Output[dict[str, str]]
+    node_table: pulumi.Output[str]
+
+    def __init__(self, name: str, args: RayClusterArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("spark-vllm:ray:RayCluster", name, None, opts)
+        spec, nodes = args.spec, args.nodes
+        preflights: list[pulumi.Resource] = [n.preflight for n in nodes]
+        head_node = nodes[0]
+
+        self.head = container_command(
+            f"{name}-head", self, head_node, commands.HEAD,
+            create=commands.start_script(spec, spec.head, commands.HEAD,
+                                         commands.head_run_argv(spec)),
+            delete=commands.remove_script(spec, spec.head, commands.HEAD),
+            stdin=_env_file(commands.HEAD, args.hf_token),
+            triggers=env_facts(spec, spec.head),
+            depends_on=preflights,
+        )
+        self.workers = [
+            container_command(
+                f"{name}-worker-{n.node.name}", self, n, commands.WORKER,
+                create=commands.start_script(spec, n.node, commands.WORKER,
+                                             commands.worker_run_argv(spec, n.node)),
+                delete=commands.remove_script(spec, n.node, commands.WORKER),
+                stdin=_env_file(commands.WORKER, args.hf_token),
+                triggers=[self.head.stdout, *env_facts(spec, n.node)],
+                depends_on=[*preflights, self.head],
+            )
+            for n in nodes[1:]
+        ]
+        containers = [self.head, *self.workers]
+        self.gate = remote.Command(
+            f"{name}-gate",
+            connection=head_node.connection,
+            create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
+                lambda reports: commands.gate_script(spec, [r.strip() for r in reports])),
+            triggers=[c.stdout for c in containers],
+            add_previous_output_in_env=False,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=containers, **REPLACE),
+        )
+        self.container_ids = pulumi.Output.all(*[c.stdout for c in containers]).apply(
+            lambda ids: {
+                f"{n.name}/{commands.HEAD if i == 0 else commands.WORKER}": cid.strip()
+                for i, (n, cid) in enumerate(zip(spec.nodes, ids))
+            })
+        self.node_table = self.gate.stdout
+        self.register_outputs({"container_ids": self.container_ids,
+                               "node_table": self.node_table})
+
+
+def _env_file(role: str, hf_token: pulumi.Input[str] | None) -> pulumi.Output[str]:
+    if hf_token is None:
+        return pulumi.Output.from_input(commands.secret_env_file(role, None, None))
+    return pulumi.Output.secret(hf_token).apply(
+        lambda tok: commands.secret_env_file(role, tok, None))

@@ -1,0 +1,93 @@
+"""Readiness gate, run inside the Ray head container: Ray's own node table against the spec.
+
+argv[1]: JSON {"expected": [{"name", "ip", "gpus"}], "timeout": s, "preflight": [json, ...]}.
+Polls `ray.nodes()` until every expected node is alive under its identity IP with its GPUs and
+no other node is alive; else fails after `timeout` with an expected-vs-seen table, instead of
+vLLM's 1800 s placement-group wait (FIELD-NOTES, vLLM). Prints the node table as JSON.
+"""
+import json
+import sys
+import time
+
+POLL_S = 0.5
+PROGRESS_S = 5
+
+
+def compare(expected, nodes):
+    """Return (ok, rows): rows are (name, ip, gpus expected, what Ray shows)."""
+    alive = {}
+    for n in nodes:
+        if n.get("Alive"):
+            alive.setdefault(n["NodeManagerAddress"], []).append(n)
+    ok, rows = True, []
+    for e in expected:
+        seen = alive.pop(e["ip"], [])
+        if not seen:
+            ok, status = False, "MISSING (no alive Ray node with this address)"
+        elif len(seen) > 1:
+            ok, status = False, f"{len(seen)} alive Ray nodes with this address"
+        else:
+            gpus = seen[0].get("Resources", {}).get("GPU", 0)
+            status = f"alive, {gpus:g} GPU"
+            if gpus != e["gpus"]:
+                ok, status = False, status + f" (expected {e['gpus']})"
+        rows.append((e["name"], e["ip"], str(e["gpus"]), status))
+    for ip, extra in sorted(alive.items()):
+        ok = False
+        gpus = extra[0].get("Resources", {}).get("GPU", 0)
+        rows.append(("(not in spec)", ip, "-",
+                     f"alive, {gpus:g} GPU: registered under an address the spec does not use"))
+    return ok, rows
+
+
+def version_problem(preflight):
+    seen = {}
+    for raw in preflight:
+        p = json.loads(raw)
+        seen.setdefault((p.get("ray"), p.get("python")), []).append(p.get("node"))
+    if len(seen) <= 1:
+        return None
+    parts = [f"{'/'.join(nodes)}: ray {r}, python {py}" for (r, py), nodes in seen.items()]
+    return "Ray/Python differ between nodes (ray#50511): " + "; ".join(parts)
+
+
+def table(rows):
+    head = ("NODE", "EXPECTED IP", "GPUS", "RAY SEES")
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(3)]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3]
+                     for r in (head, *rows))
+
+
+def main():
+    payload = json.loads(sys.argv[1])
+    expected, timeout = payload["expected"], payload["timeout"]
+    mismatch = version_problem(payload.get("preflight", []))
+    if mismatch:
+        print(f"[spark-vllm] gate: FAILED: {mismatch}", file=sys.stderr)
+        sys.exit(1)
+    import ray  # imported late: the pure helpers above are unit-tested without Ray
+
+    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    start = last = time.monotonic()
+    while True:
+        ok, rows = compare(expected, ray.nodes())
+        now = time.monotonic()
+        if ok:
+            break
+        if now - start >= timeout:
+            print(f"[spark-vllm] gate: FAILED: Ray's node table does not match the spec after "
+                  f"{timeout} s:\n{table(rows)}", file=sys.stderr)
+            sys.exit(1)
+        if now - last >= PROGRESS_S:
+            last = now
+            waiting = [r[0] for r in rows if not r[3].startswith("alive")]
+            print(f"[spark-vllm] gate: waiting for {', '.join(waiting) or 'table'} "
+                  f"({now - start:.0f} s of {timeout} s)", file=sys.stderr)
+        time.sleep(POLL_S)
+    print(f"[spark-vllm] gate: Ray's node table matches the spec "
+          f"({time.monotonic() - start:.1f} s):\n{table(rows)}", file=sys.stderr)
+    print(json.dumps([{"name": r[0], "ip": r[1], "gpus": int(r[2])} for r in rows]))
+
+
+if __name__ == "__main__":
+    main()

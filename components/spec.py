@@ -1,0 +1,368 @@
+"""The cluster spec: the `spark-vllm:` stack config, read once and validated whole.
+
+Pure: no Pulumi import. `parse_spec` turns the raw config mapping into frozen typed objects or
+raises `SpecError` listing every problem with its path (`nodes[1].fabricInterface: ...`), so an
+operator fixes the whole file in one pass instead of one `pulumi up` per typo.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import posixpath
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.alias_generators import to_camel
+
+NAMESPACE = "spark-vllm"
+
+# Config keys whose values are Pulumi secrets; the spec only records which are set.
+SECRET_KEYS = ("sshPrivateKey", "hfToken", "apiKey")
+
+# Env keys the program computes per node (invariant 1). A user value would silently diverge
+# from Ray's or NCCL's view of the node, which is exactly the seeds' outage
+# (VLLM_HOST_IP=192.168.200.12 while Ray registered the head as 10.1.230.180).
+OWNED_ENV = {
+    "VLLM_HOST_IP": "nodes[].fabricIp (or nodes[].host)",
+    "RAY_NODE_IP_ADDRESS": "nodes[].fabricIp (or nodes[].host)",
+    "RAY_OVERRIDE_NODE_IP_ADDRESS": "nodes[].fabricIp (or nodes[].host)",
+    "HOST_IP": "nodes[].fabricIp (or nodes[].host)",
+    "NCCL_SOCKET_IFNAME": "nodes[].fabricInterface",
+    "GLOO_SOCKET_IFNAME": "nodes[].fabricInterface",
+    "TP_SOCKET_IFNAME": "nodes[].fabricInterface",
+    "UCX_NET_DEVICES": "nodes[].fabricInterface",
+    "NCCL_IB_HCA": "nodes[].ibHca",
+    "RAY_ADDRESS": "nodes[0] and rayPort",
+    "VLLM_API_KEY": "apiKey (a secret)",
+    "HF_TOKEN": "hfToken (a secret)",
+}
+
+# vLLM flags the program derives from the spec; repeating them in vllmArgs would contradict it.
+OWNED_VLLM_FLAGS = {
+    "--tensor-parallel-size": "tensorParallelSize",
+    "-tp": "tensorParallelSize",
+    "--pipeline-parallel-size": "pipelineParallelSize",
+    "-pp": "pipelineParallelSize",
+    "--distributed-executor-backend": "(always ray)",
+    "--host": "apiHost",
+    "--port": "port",
+    "--served-model-name": "servedModelName",
+    "--api-key": "apiKey (a secret)",
+}
+
+_NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+_IFACE_RE = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including the NUL
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, strict=True
+    )
+
+
+class NodeSpec(_Strict):
+    """One GPU host. The first node is the Ray head and runs the API server."""
+
+    name: str  # container labels and resource names: [a-z0-9-], unique
+    host: str = Field(min_length=1)  # SSH address as seen from the operator's machine
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_.-]*$")
+    port: int = Field(22, ge=1, le=65535)
+    host_key: str | None = None  # pinned "ssh-ed25519 AAAA…"; unset accepts any key
+    fabric_ip: str | None = None  # RoCE/IB address; becomes the node's identity
+    fabric_interface: str | None = Field(None, pattern=_IFACE_RE)
+    ib_hca: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:,=^-]+$")
+    gpus: int = Field(1, ge=1)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not re.match(_NAME_RE, v):
+            raise ValueError(
+                f"{v!r} must be 1-40 of [a-z0-9-], starting and ending with a letter or digit"
+            )
+        return v
+
+    @field_validator("fabric_ip")
+    @classmethod
+    def _ip_literal(cls, v: str | None) -> str | None:
+        if v is not None:
+            ipaddress.ip_address(v)  # ValueError names the field through pydantic's loc
+        return v
+
+    @field_validator("host_key")
+    @classmethod
+    def _key_shape(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^(ssh-|ecdsa-)[a-z0-9-]+ [A-Za-z0-9+/=]+$", v.strip()):
+            raise ValueError('expected "<type> <base64>", e.g. "ssh-ed25519 AAAA…"')
+        return v.strip() if v else v
+
+    @property
+    def identity_ip(self) -> str:
+        """The one address Ray, vLLM and NCCL use for this node (invariant 1)."""
+        return self.fabric_ip or self.host
+
+
+class _Settings(_Strict):
+    """Top-level keys other than `nodes`; defaults live here and nowhere else."""
+
+    image: str = Field(min_length=1, pattern=r"^[^\s]+$")
+    image_pull: Literal["always", "missing", "never"] = "missing"
+    model: str = Field(min_length=1, pattern=r"^[^\s]+$")
+    served_model_name: str | None = Field(None, pattern=r"^[^\s]+$")
+    tensor_parallel_size: int = Field(ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    port: int = Field(8000, ge=1, le=65535)
+    api_host: str = "0.0.0.0"
+    ray_port: int = Field(6379, ge=1, le=65535)
+    hf_cache: str = "/root/.cache/huggingface"
+    shm_size: str = Field("10.24g", pattern=r"^[0-9]+(\.[0-9]+)?[bkmg]?$")
+    env: dict[str, str] = Field(default_factory=dict)
+    vllm_args: tuple[str, ...] = ()
+    docker_gpus: str = Field("all", pattern=r"^[^\s]+$")
+    check_gpu: bool = True
+    ray_timeout: int = Field(60, ge=5, le=3600)  # gate bound; a join takes ~2 s on the lab
+    vllm_timeout: int = Field(1800, ge=10, le=86400)  # model load of 122B FP8 takes minutes
+    smoke_test: bool = True
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_numbers(cls, v: Any) -> Any:
+        # YAML reads `NCCL_DEBUG: 1` as an int; env values are strings, so take plain numbers
+        # as written. Anything else (bools, lists) stays and fails strict str with its path.
+        if isinstance(v, Mapping):
+            return {
+                k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+                for k, x in v.items()
+            }
+        return v
+
+    @field_validator("hf_cache")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if not posixpath.isabs(v):
+            raise ValueError("must be an absolute path on the nodes")
+        return v
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """Everything the components need; built only by `parse_spec`."""
+
+    stack: str
+    nodes: tuple[NodeSpec, ...]
+    settings: _Settings
+    secrets_set: frozenset[str]  # which of SECRET_KEYS are present (values stay in Pulumi)
+
+    def __getattr__(self, item: str) -> Any:  # spec.image, spec.port … read through
+        return getattr(self.settings, item)
+
+    @property
+    def head(self) -> NodeSpec:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> tuple[NodeSpec, ...]:
+        return self.nodes[1:]
+
+    @property
+    def world_size(self) -> int:
+        return self.settings.tensor_parallel_size * self.settings.pipeline_parallel_size
+
+    @property
+    def served_name(self) -> str:
+        return self.settings.served_model_name or self.settings.model
+
+    @property
+    def user_env(self) -> dict[str, str]:
+        return {k: str(v) for k, v in sorted(self.settings.env.items())}
+
+
+class SpecError(ValueError):
+    """Every problem in the config, one `path: message` per line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__(
+            f"invalid {NAMESPACE} config ({len(problems)} problem"
+            f"{'s' if len(problems) != 1 else ''}):\n" + "\n".join(f"  - {p}" for p in problems)
+        )
+
+
+def _path(prefix: str, loc: tuple[Any, ...]) -> str:
+    out = prefix
+    for part in loc:  # pydantic reports the alias (camelCase) the user wrote
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+    return out
+
+
+def _pydantic_problems(prefix: str, err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors(include_url=False):
+        loc = tuple(e["loc"])
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key (a typo?)"
+        problems.append(f"{_path(prefix, loc)}: {msg}")
+    return problems
+
+
+def _node_problems(i: int, node: NodeSpec) -> list[str]:
+    p = f"nodes[{i}]"
+    out = []
+    if node.fabric_ip and not node.fabric_interface:
+        out.append(f"{p}.fabricInterface: required when fabricIp is set")
+    if node.fabric_interface and not node.fabric_ip:
+        out.append(f"{p}.fabricIp: required when fabricInterface is set")
+    if not node.fabric_ip:
+        try:
+            ipaddress.ip_address(node.host)
+        except ValueError:
+            out.append(
+                f"{p}.host: {node.host!r} is not an IP literal; the node identity must be an IP "
+                f"(set {p}.fabricIp, or give host as an address)"
+            )
+    return out
+
+
+def _cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
+    out = []
+    seen: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        if n.name in seen:
+            out.append(f"nodes[{i}].name: {n.name!r} already used by nodes[{seen[n.name]}]")
+        seen.setdefault(n.name, i)
+    idents: dict[str, int] = {}
+    for i, n in enumerate(nodes):
+        field = "fabricIp" if n.fabric_ip else "host"
+        ident = n.identity_ip
+        if ident in idents:
+            out.append(
+                f"nodes[{i}].{field}: identity {ident} already used by nodes[{idents[ident]}]; "
+                "vLLM requires a unique IP per node"
+            )
+        idents.setdefault(ident, i)
+    gpus = sum(n.gpus for n in nodes)
+    world = s.tensor_parallel_size * s.pipeline_parallel_size
+    if world != gpus:
+        out.append(
+            f"tensorParallelSize: tensorParallelSize × pipelineParallelSize = "
+            f"{s.tensor_parallel_size} × {s.pipeline_parallel_size} = {world} must equal the GPUs "
+            f"of all nodes ({gpus})"
+        )
+    return out
+
+
+def _settings_problems(s: _Settings) -> list[str]:
+    out = []
+    if s.port == s.ray_port:
+        out.append(f"port: {s.port} is also rayPort; the API server and Ray's GCS need their own")
+    for key in s.env:
+        if key in OWNED_ENV:
+            out.append(f"env.{key}: set by the program from {OWNED_ENV[key]}; remove it from env")
+        elif not _ENV_KEY_RE.match(key):
+            out.append(f"env.{key}: not a valid environment variable name")
+    for key, value in s.env.items():
+        if "\n" in str(value) or "\0" in str(value):
+            out.append(f"env.{key}: value must be one line")
+    for j, arg in enumerate(s.vllm_args):
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_VLLM_FLAGS:
+            out.append(
+                f"vllmArgs[{j}]: {flag} is set by the program from {OWNED_VLLM_FLAGS[flag]}"
+            )
+    return out
+
+
+def parse_spec(
+    raw: Mapping[str, Any], stack: str, secrets_set: frozenset[str] = frozenset()
+) -> ClusterSpec:
+    """Validate the whole `spark-vllm:` config; raise SpecError with every problem found.
+
+    `raw` maps config keys without namespace (e.g. "nodes", "tensorParallelSize") to their
+    decoded values; secret keys may be present or not, their values are ignored here.
+    """
+    problems: list[str] = []
+    known = {to_camel(f) for f in _Settings.model_fields} | {"nodes", *SECRET_KEYS}
+    for key in sorted(set(raw) - known):
+        problems.append(f"{key}: unknown key (a typo?)")
+    if "sshPrivateKey" not in secrets_set:
+        problems.append(
+            "sshPrivateKey: required; set it with "
+            "`pulumi config set --secret spark-vllm:sshPrivateKey < KEYFILE`"
+        )
+
+    raw_nodes = raw.get("nodes")
+    nodes: list[NodeSpec] = []
+    nodes_ok = True
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        problems.append("nodes: required, a non-empty list (the first node is the Ray head)")
+        nodes_ok = False
+    else:
+        for i, rn in enumerate(raw_nodes):
+            if not isinstance(rn, Mapping):
+                problems.append(f"nodes[{i}]: expected a mapping with name, host, …")
+                nodes_ok = False
+                continue
+            try:
+                node = NodeSpec.model_validate(dict(rn))
+            except ValidationError as err:
+                problems += _pydantic_problems(f"nodes[{i}]", err)
+                nodes_ok = False
+                continue
+            problems += _node_problems(i, node)
+            nodes.append(node)
+
+    settings = None
+    top = {k: v for k, v in raw.items() if k in known and k != "nodes" and k not in SECRET_KEYS}
+    if "vllmArgs" in top and isinstance(top["vllmArgs"], list):
+        top["vllmArgs"] = tuple(top["vllmArgs"])
+    try:
+        settings = _Settings.model_validate(top)
+    except ValidationError as err:
+        problems += _pydantic_problems("", err)
+    if settings is not None:
+        problems += _settings_problems(settings)
+        if nodes_ok:
+            problems += _cluster_problems(nodes, settings)
+    if problems or settings is None:
+        raise SpecError(problems)
+    return ClusterSpec(
+        stack=stack, nodes=tuple(nodes), settings=settings, secrets_set=frozenset(secrets_set)
+    )
+
+
+def decode_config(values: Mapping[str, str]) -> tuple[dict[str, Any], frozenset[str]]:
+    """Decode Pulumi's flat config (`spark-vllm:key` -> string) into typed raw values.
+
+    Structured values arrive as JSON text, scalars as their text; string fields keep their text
+    as written (an image tag "123" stays a string). Secret values are not decoded at all: only
+    their presence is returned. Values that fail to decode stay text so that validation names
+    the field.
+    """
+    string_fields = {
+        to_camel(name) for name, f in _Settings.model_fields.items()
+        if f.annotation in (str, str | None)
+    }
+    raw: dict[str, Any] = {}
+    secrets = set()
+    prefix = NAMESPACE + ":"
+    for full_key, text in values.items():
+        if not full_key.startswith(prefix):
+            continue
+        key = full_key[len(prefix):]
+        if key in SECRET_KEYS:
+            secrets.add(key)
+            continue
+        if key in string_fields:
+            raw[key] = text
+            continue
+        try:
+            raw[key] = json.loads(text)
+        except ValueError:
+            raw[key] = text
+    return raw, frozenset(secrets)

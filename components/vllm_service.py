@@ -1,0 +1,53 @@
+"""VllmService: `vllm serve` on the head node, started once the gate has passed, and ready
+only when /health answers, /v1/models lists the model and (optionally) a chat answers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pulumi
+
+from . import commands
+from .node import SparkNode, container_command, env_facts
+from .ray_cluster import RayCluster
+from .spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class VllmServiceArgs:
+    spec: ClusterSpec
+    head: SparkNode
+    cluster: RayCluster
+    hf_token: pulumi.Input[str] | None = None  # secret
+    api_key: pulumi.Input[str] | None = None  # secret
+
+
+class VllmService(pulumi.ComponentResource):
+    endpoint: pulumi.Output[str]
+    container_id: pulumi.Output[str]
+    served_model_name: pulumi.Output[str]
+
+    def __init__(self, name: str, args: VllmServiceArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("spark-vllm:vllm:VllmService", name, None, opts)
+        spec, cluster = args.spec, args.cluster
+        secrets = pulumi.Output.all(args.hf_token, args.api_key)
+        stdin = pulumi.Output.secret(secrets).apply(
+            lambda v: commands.secret_env_file(commands.VLLM, v[0], v[1]))
+        self.serve = container_command(
+            f"{name}-serve", self, args.head, commands.VLLM,
+            create=commands.start_script(spec, spec.head, commands.VLLM,
+                                         commands.vllm_run_argv(spec)),
+            delete=commands.remove_script(spec, spec.head, commands.VLLM),
+            stdin=stdin,
+            # the gate's id changes whenever the gate is replaced, i.e. whenever any Ray
+            # container is: a vLLM driver must never outlive the cluster it was placed on
+            triggers=[cluster.gate.id, cluster.head.stdout, *[w.stdout for w in cluster.workers],
+                      *env_facts(spec, spec.head), spec.served_name],
+            depends_on=[cluster.gate],
+        )
+        self.container_id = self.serve.stdout.apply(lambda s: s.strip())
+        self.endpoint = pulumi.Output.from_input(f"http://{spec.head.host}:{spec.port}/v1")
+        self.served_model_name = pulumi.Output.from_input(spec.served_name)
+        self.register_outputs({"endpoint": self.endpoint, "container_id": self.container_id,
+                               "served_model_name": self.served_model_name})

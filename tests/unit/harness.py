@@ -1,0 +1,117 @@
+"""Run the program under Pulumi mocks with a monitor that keeps every RegisterResource
+request, so tests see resource options (deleteBeforeReplace, replaceOnChanges,
+propertyDependencies) that `Mocks.new_resource` alone hides (FIELD-NOTES, Pulumi: mocks)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pulumi
+from google.protobuf.json_format import MessageToDict
+from pulumi.runtime.mocks import MockMonitor
+
+from components.program import Secrets, deploy
+from components.spec import ClusterSpec, parse_spec
+
+SECRET_SIG = "4dabf18193072939515e22adb298388d"
+CMD = "command:remote:Command"
+
+SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-ssh-key-material\n-----END-----"
+HF_TOKEN = "hf_secretTokenValue123"
+API_KEY = "sk-secret-api-key-456"
+
+
+class Mocks(pulumi.runtime.Mocks):
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
+        state = dict(args.inputs)
+        if args.typ == CMD:
+            # a container command prints its container id on stdout
+            state.update(stdout=f"cid-{args.name}\n", stderr="")
+        return f"{args.name}-id", state
+
+    def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
+        return {}
+
+
+class RecordingMonitor(MockMonitor):
+    def __init__(self, mocks: Mocks) -> None:
+        super().__init__(mocks)
+        self.requests: dict[str, Any] = {}
+
+    def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC name)
+        resp = super().RegisterResource(request)
+        self.requests[request.name] = request
+        return resp
+
+
+@dataclass
+class Registered:
+    name: str
+    type: str
+    urn: str
+    inputs: dict[str, Any]  # protobuf JSON: secrets stay wrapped in their sentinel
+    delete_before_replace: bool
+    replace_on_changes: list[str]
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]] = field(default_factory=dict)
+
+    def plain(self, key: str) -> Any:
+        return unwrap(self.inputs.get(key))
+
+
+def unwrap(value: Any) -> Any:
+    if isinstance(value, dict) and value.get(SECRET_SIG):
+        return unwrap(value.get("value"))
+    if isinstance(value, dict):
+        return {k: unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap(v) for v in value]
+    return value
+
+
+def run(spec: ClusterSpec, secrets: Secrets | None = None) -> dict[str, Registered]:
+    """Register the whole graph under mocks; return what the monitor saw, by resource name."""
+    mocks = Mocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack=spec.stack, preview=False,
+                             monitor=monitor)
+    secrets = secrets or Secrets(
+        ssh_private_key=pulumi.Output.secret(SSH_KEY),
+        hf_token=pulumi.Output.secret(HF_TOKEN),
+        api_key=pulumi.Output.secret(API_KEY))
+
+    @pulumi.runtime.test
+    def program() -> pulumi.Output[Any]:
+        outputs = deploy(spec, secrets)
+        return pulumi.Output.all(*outputs.values())
+
+    program()
+    urns = {req.name: monitor.make_urn(req.parent, req.type, req.name)
+            for req in monitor.requests.values()}
+    out = {}
+    for name, req in monitor.requests.items():
+        out[name] = Registered(
+            name=name, type=req.type, urn=urns[name],
+            inputs=MessageToDict(req.object),
+            delete_before_replace=req.deleteBeforeReplace,
+            replace_on_changes=list(req.replaceOnChanges),
+            dependencies=list(req.dependencies),
+            property_dependencies={k: list(v.urns) for k, v in req.propertyDependencies.items()},
+        )
+    return out
+
+
+def spec_from(nodes: list[dict[str, Any]], stack: str = "test", **top: Any) -> ClusterSpec:
+    raw: dict[str, Any] = {
+        "nodes": nodes, "image": "vllm/image:1", "model": "org/model",
+        "tensorParallelSize": sum(n.get("gpus", 1) for n in nodes),
+    }
+    raw.update(top)
+    return parse_spec(raw, stack, frozenset({"sshPrivateKey", "hfToken", "apiKey"}))
+
+
+def lab_nodes(n: int) -> list[dict[str, Any]]:
+    return [{"name": f"node-{i}", "host": f"10.231.0.{10 + i}", "fabricIp": f"192.168.231.{10 + i}",
+             "fabricInterface": f"enp{i}s0f1np1", "ibHca": f"rocep{i}s0f1"}
+            for i in range(1, n + 1)]
