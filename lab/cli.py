@@ -1,0 +1,100 @@
+"""`python -m lab up|down|status|ssh|block-fabric|unblock-fabric|info` (stdlib + PyYAML)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from lab import cluster, config, keys
+from lab.run import LabError
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m lab",
+        description="Simulated DGX Spark nodes (Docker-in-Docker) for spark-vllm.",
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", help="create or converge the lab; writes stacks/Pulumi.<stack>.yaml")
+    up.add_argument("--nodes", type=int, default=config.DEFAULT_NODES, help="number of nodes (default %(default)s)")
+    up.add_argument("--mgmt-subnet", default=config.DEFAULT_MGMT_SUBNET, help="default %(default)s")
+    up.add_argument("--fabric-subnet", default=config.DEFAULT_FABRIC_SUBNET, help="default %(default)s")
+    up.add_argument("--stack", default=config.DEFAULT_STACK, help="stack name (default %(default)s)")
+    up.add_argument("--tp", type=int, default=None, help="tensorParallelSize (default: --nodes)")
+    up.add_argument("--pp", type=int, default=1, help="pipelineParallelSize (default %(default)s)")
+    up.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+    down = sub.add_parser("down", help="remove every lab container, network and volume")
+    down.add_argument("--keep-volumes", action="store_true",
+                      help="keep the nodes' /var/lib/docker volumes (next up skips the image load)")
+    down.add_argument("-q", "--quiet", action="store_true")
+
+    sub.add_parser("status", help="one line per node: state, addresses, ssh, simulator image")
+
+    ssh = sub.add_parser("ssh", help="ssh to a node with the lab key and pinned host key")
+    ssh.add_argument("node", help="node-<i>, <i>, or one of its addresses")
+    ssh.add_argument("command", nargs=argparse.REMAINDER, help="remote command (default: login shell)")
+
+    for name, verb in (("block-fabric", "drop"), ("unblock-fabric", "restore")):
+        b = sub.add_parser(name, help=f"{verb} all traffic between two nodes' fabric addresses")
+        b.add_argument("node_a")
+        b.add_argument("node_b")
+
+    inf = sub.add_parser("info", help="describe the running lab")
+    inf.add_argument("--json", action="store_true", help="machine-readable")
+    inf.add_argument("--stack", default=config.DEFAULT_STACK)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except LabError as e:
+        print(f"lab: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("lab: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.cmd == "up":
+        cluster.up(cluster.UpOptions(
+            nodes=args.nodes, mgmt_subnet=args.mgmt_subnet, fabric_subnet=args.fabric_subnet,
+            stack=args.stack, tp=args.tp, pp=args.pp, quiet=args.quiet,
+        ))
+        for line in cluster.status():
+            print(line)
+    elif args.cmd == "down":
+        cluster.down(keep_volumes=args.keep_volumes, quiet=args.quiet)
+    elif args.cmd == "status":
+        lines = cluster.status()
+        print("\n".join(lines) if lines else "lab is down (no nodes)")
+    elif args.cmd == "ssh":
+        remote = " ".join(args.command)  # like ssh itself: words joined for the remote shell
+        tty = None if not remote else False
+        argv = cluster.ssh_argv(args.node, remote, tty=tty)
+        sys.stdout.flush()
+        os.execvp(argv[0], argv)
+    elif args.cmd == "block-fabric":
+        cluster.block_fabric(args.node_a, args.node_b)
+        print(f"fabric blocked between {args.node_a} and {args.node_b}")
+    elif args.cmd == "unblock-fabric":
+        cluster.unblock_fabric(args.node_a, args.node_b)
+        print(f"fabric restored between {args.node_a} and {args.node_b}")
+    elif args.cmd == "info":
+        lab = cluster.info(args.stack)
+        if args.json:
+            print(json.dumps(lab.to_json(), indent=2))
+        else:
+            d = lab.to_json()
+            print(f"mgmt {d['mgmtSubnet']}  fabric {d['fabricSubnet']}  ssh key {d['sshKey']}")
+            print(f"stack file {d['stackFile']}  ssh config: ssh -F {keys.ssh_config()} node-1")
+            for n in d["nodes"]:
+                print(f"{n['name']:8} {n['container']:24} mgmt {n['mgmt_ip']:15} "
+                      f"fabric {n['fabric_ip']} spare {n['spare_ip']}")
+    return 0

@@ -1,0 +1,101 @@
+"""Names, paths and addresses of the lab: one place per default."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+LAB_DIR = Path(__file__).resolve().parent
+REPO_DIR = LAB_DIR.parent
+STATE_DIR = REPO_DIR / ".lab"  # gitignored: keys, known_hosts, ssh config
+SSH_DIR = STATE_DIR / "ssh"
+STACKS_DIR = REPO_DIR / "stacks"
+
+
+def cache_dir() -> Path:
+    """Where the debootstrapped rootfs tarball is kept between labs."""
+    base = os.environ.get("SPARK_VLLM_CACHE") or str(Path.home() / ".cache" / "spark-vllm")
+    return Path(base) / "lab"
+
+
+LABEL = "spark-vllm-lab"  # `spark-vllm-lab=1` on every container, network and volume we create
+LABEL_NODE = "spark-vllm-lab.node"  # node name (node-<i>) on node containers
+LABEL_INDEX = "spark-vllm-lab.index"
+LABEL_CONTENT = "spark-vllm-lab.content"  # content hash an image was built from
+
+PREFIX = "spark-vllm-lab"
+MGMT_NET = f"{PREFIX}-mgmt"
+FABRIC_NET = f"{PREFIX}-fabric"
+BASE_IMAGE = f"{PREFIX}-base:bookworm"
+NODE_IMAGE_REPO = f"{PREFIX}-node"
+INNER_IMAGE = "spark-vllm-sim:lab"
+RAY_VERSION = "2.60.0"
+
+DEBIAN_SUITE = "bookworm"
+DEBIAN_MIRROR = "http://deb.debian.org/debian"
+
+# The DGX Spark's RoCE interface (FIELD-NOTES "DGX Spark networking"): the lab uses the same
+# name so the lab stack differs from spark-duo only in addresses.
+FABRIC_IFNAME = "enp1s0f1np1"
+
+DEFAULT_NODES = 2
+DEFAULT_MGMT_SUBNET = "10.231.0.0/24"
+DEFAULT_FABRIC_SUBNET = "192.168.231.0/24"
+DEFAULT_STACK = "lab"
+MAX_NODES = 80  # node IPs are .10+i and spares .100+i: keep them apart
+
+SSH_READY_TIMEOUT_S = 90  # node start → sshd and inner dockerd answer (≈2.5 s measured)
+SSH_CONNECT_TIMEOUT_S = 5
+
+
+def container_name(index: int) -> str:
+    return f"{PREFIX}-node-{index}"
+
+
+def node_name(index: int) -> str:
+    return f"node-{index}"
+
+
+def volume_name(index: int) -> str:
+    return f"{PREFIX}-node-{index}-docker"
+
+
+def stack_file(stack: str) -> Path:
+    return STACKS_DIR / f"Pulumi.{stack}.yaml"
+
+
+@dataclass(frozen=True)
+class NodeAddrs:
+    """Where one simulated node lives."""
+
+    index: int  # 1-based
+    name: str  # node-<i>: hostname and stack node name
+    container: str  # docker container name on the host
+    mgmt_ip: str  # SSH address; default route (like a Spark's external NIC)
+    fabric_ip: str  # on enp1s0f1np1: the node's identity in the stack
+    spare_ip: str  # secondary fabric address, for tests that move a node's identity
+    docker_bip: str  # --bip of the node's inner dockerd (distinct per node)
+
+
+def _host(subnet: str, offset: int) -> str:
+    net = ipaddress.ip_network(subnet, strict=False)
+    addr = net.network_address + offset
+    if addr not in net or addr == net.broadcast_address:
+        raise ValueError(f"{subnet} is too small for host offset {offset}")
+    return str(addr)
+
+
+def node_addrs(index: int, mgmt_subnet: str, fabric_subnet: str) -> NodeAddrs:
+    if not 1 <= index <= MAX_NODES:
+        raise ValueError(f"node index {index} out of 1..{MAX_NODES}")
+    return NodeAddrs(
+        index=index,
+        name=node_name(index),
+        container=container_name(index),
+        mgmt_ip=_host(mgmt_subnet, 10 + index),
+        fabric_ip=_host(fabric_subnet, 10 + index),
+        spare_ip=_host(fabric_subnet, 100 + index),
+        docker_bip=f"172.31.{index}.1/24",
+    )

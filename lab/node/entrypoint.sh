@@ -1,0 +1,80 @@
+#!/bin/bash
+# Entrypoint of a simulated DGX Spark node (PID 2, under tini).
+# Env (set by lab/cluster.py):
+#   LAB_FABRIC_IP        address docker gave this node on the fabric network
+#   LAB_FABRIC_IFNAME    name to give that interface (default enp1s0f1np1, the Spark's RoCE port)
+#   LAB_FABRIC_SPARE_IP  extra address on the same interface (tests that move a node's identity)
+#   LAB_DOCKER_BIP       --bip of the inner dockerd, distinct per node (e.g. 172.31.1.1/24)
+# Mounted: /lab/ssh/{ssh_host_ed25519_key,authorized_keys}
+# Writes /run/lab-node-ready when sshd and dockerd both answer.
+set -euo pipefail
+log() { echo "lab-node: $*"; }
+
+IFNAME=${LAB_FABRIC_IFNAME:-enp1s0f1np1}
+rm -f /run/lab-node-ready
+
+# 1. Emulated --privileged (LAB-NOTES "Nodes"): docker mounts /sys and the cgroup hierarchies
+#    read-only unless --privileged; the inner dockerd/runc need them writable.
+mount -o remount,rw /sys 2>/dev/null || log "warning: cannot remount /sys rw"
+if mountpoint -q /sys/fs/cgroup; then mount -o remount,rw /sys/fs/cgroup 2>/dev/null || true; fi
+for h in /sys/fs/cgroup/*; do
+  if mountpoint -q "$h"; then mount -o remount,rw "$h" 2>/dev/null || log "warning: cannot remount $h rw"; fi
+done
+
+# 2. Fabric interface: give the interface holding LAB_FABRIC_IP the Spark's RoCE name.
+if [ -n "${LAB_FABRIC_IP:-}" ]; then
+  dev=""
+  for _ in $(seq 1 50); do
+    dev=$(ip -o -4 addr show | awk -v ip="$LAB_FABRIC_IP" '{split($4, a, "/"); if (a[1] == ip) print $2}' | head -n1)
+    [ -n "$dev" ] && break
+    sleep 0.1
+  done
+  if [ -z "$dev" ]; then log "error: no interface holds $LAB_FABRIC_IP"; ip -o addr show; exit 1; fi
+  if [ "$dev" != "$IFNAME" ]; then
+    ip link set dev "$dev" down
+    ip link set dev "$dev" name "$IFNAME"
+    ip link set dev "$IFNAME" up
+  fi
+  if [ -n "${LAB_FABRIC_SPARE_IP:-}" ]; then
+    prefix=$(ip -o -4 addr show dev "$IFNAME" | awk -v ip="$LAB_FABRIC_IP" '{split($4, a, "/"); if (a[1] == ip) print a[2]}')
+    ip addr replace "$LAB_FABRIC_SPARE_IP/${prefix:-24}" dev "$IFNAME"
+  fi
+  log "fabric: $(ip -o -4 addr show dev "$IFNAME" | awk '{print $4}' | tr '\n' ' ')on $IFNAME"
+fi
+
+# 3. sshd with the lab's host key and authorized key.
+install -m 0600 /lab/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key
+install -m 0600 /lab/ssh/authorized_keys /root/.ssh/authorized_keys
+mkdir -p /run/sshd
+/usr/sbin/sshd -E /var/log/sshd.log
+
+# 4. Inner dockerd on the /var/lib/docker volume (overlay2 not stacked on overlay).
+dockerd --storage-driver overlay2 ${LAB_DOCKER_BIP:+--bip "$LAB_DOCKER_BIP"} \
+  >>/var/log/dockerd.log 2>&1 &
+dockerd_pid=$!
+
+stop() {
+  log "stopping"
+  kill -TERM "$dockerd_pid" 2>/dev/null || true
+  for _ in $(seq 1 50); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.1; done
+  [ -f /run/sshd.pid ] && kill "$(cat /run/sshd.pid)" 2>/dev/null || true
+  exit 0
+}
+trap stop TERM INT
+
+for i in $(seq 1 600); do
+  if docker info >/dev/null 2>&1 && timeout 1 bash -c '</dev/tcp/127.0.0.1/22' 2>/dev/null; then
+    touch /run/lab-node-ready
+    log "ready (sshd + dockerd) after $((i / 10)).$((i % 10))s"
+    break
+  fi
+  if ! kill -0 "$dockerd_pid" 2>/dev/null; then
+    log "error: dockerd exited"; tail -n 30 /var/log/dockerd.log; exit 1
+  fi
+  sleep 0.1
+done
+[ -f /run/lab-node-ready ] || { log "error: not ready after 60s"; tail -n 30 /var/log/dockerd.log; exit 1; }
+
+# 5. Stay up (tini reaps orphans); wake on TERM.
+sleep infinity &
+wait $!
