@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pulumi
-from pulumi.runtime.config import get_config_env
+from pulumi.runtime import config as runtime_config
 
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
@@ -27,7 +27,9 @@ def read_config() -> tuple[ClusterSpec, Secrets]:
 
     A bad config ends the run with a RunError that lists every problem (no stack trace).
     """
-    raw, secrets_set = decode_config(get_config_env())
+    # The SDK has no public "all keys" call; unknown keys must be seen to be refused.
+    every_key = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
+    raw, secrets_set = decode_config(every_key)
     try:
         spec = parse_spec(raw, pulumi.get_stack(), secrets_set)
     except SpecError as err:

@@ -1,0 +1,296 @@
+"""Pure builders: spec → exact argv and scripts; quoting that survives a real shell."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from components import commands as c
+from tests.unit.harness import lab_nodes, spec_from
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def duo(**top: object) -> c.ClusterSpec:
+    nodes = [
+        {"name": "spark-a", "host": "10.1.230.180", "user": "aurora", "fabricIp": "192.168.200.12",
+         "fabricInterface": "enp1s0f1np1", "ibHca": "rocep1s0f1"},
+        {"name": "spark-b", "host": "10.1.230.181", "user": "aurora", "fabricIp": "192.168.200.13",
+         "fabricInterface": "enP2p1s0f1np1", "ibHca": "roceP2p1s0f1"},
+    ]
+    top = {"env": {"NCCL_DEBUG": "WARN"}, "vllmArgs": ["--max-model-len", "32768"], **top}
+    return spec_from(nodes, stack="duo", image="img:1", model="Qwen/Q", **top)
+
+
+def test_head_docker_run_argv_exact() -> None:
+    assert c.head_run_argv(duo()) == [
+        "docker", "run", "--detach", "--name", "spark-vllm-duo-ray-head",
+        "--label", "spark-vllm.stack=duo", "--label", "spark-vllm.role=ray-head",
+        "--label", "spark-vllm.node=spark-a", "--label", "spark-vllm.identity=192.168.200.12",
+        "--network", "host", "--ipc", "host", "--shm-size", "10.24g", "--gpus", "all",
+        "--volume", "/root/.cache/huggingface:/root/.cache/huggingface",
+        "--volume", "/tmp/ray", "--env-file", "ray-head.env",
+        "--env", "RAY_USAGE_STATS_ENABLED=0", "--env", "NCCL_DEBUG=WARN",
+        "--env", "VLLM_HOST_IP=192.168.200.12",
+        "--env", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "--env", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
+        "--env", "TP_SOCKET_IFNAME=enp1s0f1np1", "--env", "UCX_NET_DEVICES=enp1s0f1np1",
+        "--env", "NCCL_IB_HCA=rocep1s0f1",
+        "--entrypoint", "ray", "img:1",
+        "start", "--head", "--node-ip-address=192.168.200.12", "--port=6379", "--num-gpus=1",
+        "--block",
+    ]
+
+
+def test_worker_uses_its_own_identity_and_interfaces_and_joins_the_head() -> None:
+    spec = duo()
+    argv = c.worker_run_argv(spec, spec.nodes[1])
+    env = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
+    assert "VLLM_HOST_IP=192.168.200.13" in env
+    assert "NCCL_SOCKET_IFNAME=enP2p1s0f1np1" in env and "NCCL_IB_HCA=roceP2p1s0f1" in env
+    assert not any("enp1s0f1np1" in e or "rocep1s0f1" in e for e in env)  # nothing of the head's
+    assert argv[-5:] == ["start", "--address=192.168.200.12:6379",
+                         "--node-ip-address=192.168.200.13", "--num-gpus=1", "--block"]
+    assert argv[argv.index("--restart") + 1] == "on-failure"
+    assert "spark-vllm.role=ray-worker" in argv
+
+
+def test_vllm_serve_argv_exact_and_key_free() -> None:
+    spec = duo(servedModelName="qwen", port=8001)
+    argv = c.vllm_run_argv(spec)
+    tail = argv[argv.index("--entrypoint"):]
+    assert tail == ["--entrypoint", "vllm", "img:1", "serve", "Qwen/Q",
+                    "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+                    "--distributed-executor-backend", "ray", "--host", "0.0.0.0",
+                    "--port", "8001", "--served-model-name", "qwen", "--max-model-len", "32768"]
+    assert ["--volumes-from", "spark-vllm-duo-ray-head"] == argv[argv.index("--volumes-from"):][:2]
+    assert "RAY_ADDRESS=192.168.200.12:6379" in argv
+    assert not any("api-key" in a or "API_KEY" in a for a in argv)
+
+
+def test_no_gpu_flag_in_the_lab() -> None:
+    spec = duo(dockerGpus="none")
+    assert "--gpus" not in c.head_run_argv(spec)
+
+
+def test_secret_env_file_roles() -> None:
+    assert "VLLM_API_KEY=k" not in c.secret_env_file(c.HEAD, "t", "k")
+    body = c.secret_env_file(c.VLLM, "t", "k")
+    assert "HF_TOKEN=t\n" in body and "VLLM_API_KEY=k\n" in body
+    assert c.secret_env_file(c.WORKER, None, None).startswith("# ")
+    with pytest.raises(ValueError):
+        c.secret_env_file(c.VLLM, None, "two\nlines")
+
+
+def test_env_hash_tracks_env() -> None:
+    spec = duo()
+    a = c.env_hash(c.node_env(spec, spec.nodes[0]))
+    assert a == c.env_hash(c.node_env(spec, spec.nodes[0]))
+    assert a != c.env_hash(c.node_env(duo(env={"NCCL_DEBUG": "INFO"}), spec.nodes[0]))
+    assert len(a) == 12
+
+
+@pytest.mark.parametrize("script", ["preflight", "start-head", "start-worker", "start-vllm",
+                                    "remove", "gate"])
+def test_scripts_parse_as_posix_sh(script: str) -> None:
+    spec = duo()
+    text = {
+        "preflight": lambda: c.preflight_script(spec, spec.nodes[1]),
+        "start-head": lambda: c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+        "start-worker": lambda: c.start_script(spec, spec.nodes[1], c.WORKER,
+                                               c.worker_run_argv(spec, spec.nodes[1])),
+        "start-vllm": lambda: c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec)),
+        "remove": lambda: c.remove_script(spec, spec.head, c.HEAD),
+        "gate": lambda: c.gate_script(spec, ['{"node": "spark-a"}']),
+    }[script]()
+    subprocess.run(["sh", "-n"], input=text, text=True, check=True)
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_preflight_checks_the_fabric_address_of_that_node() -> None:
+    spec = duo(imagePull="never")
+    text = c.preflight_script(spec, spec.nodes[1])
+    assert "/sys/class/net/enP2p1s0f1np1" in text
+    assert 'fabricIp 192.168.200.13 is not on enP2p1s0f1np1; addresses there' in text
+    assert "nvidia-smi -L" in text and "docker pull" not in text
+    assert "docker pull" not in c.preflight_script(duo(imagePull="never", checkGpu=False),
+                                                   spec.head)
+    assert "nvidia-smi" not in c.preflight_script(duo(checkGpu=False), spec.head)
+    assert "docker pull --quiet img:1" in c.preflight_script(duo(imagePull="always"), spec.head)
+
+
+def test_gate_payload_carries_expected_table() -> None:
+    spec = spec_from(lab_nodes(4), tensorParallelSize=2, pipelineParallelSize=2, rayTimeout=30)
+    text = c.gate_script(spec, [])
+    payload = json.loads(shlex.split(text.split("python3 - ", 1)[1].split(" <<")[0])[0])
+    assert payload["timeout"] == 30
+    assert payload["expected"] == [{"name": f"node-{i}", "ip": f"192.168.231.{10 + i}", "gpus": 1}
+                                   for i in range(1, 5)]
+    assert "timeout 60 docker exec -i spark-vllm-test-ray-head" in text
+
+
+# --- quoting: odd but valid values reach the program literally through a real shell ---------
+
+odd_text = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc")) | st.sampled_from(
+    list(" '\"$`\\!*?;&|<>(){}[]#~=%")), min_size=1, max_size=30)
+
+
+def shell_argv(argv: list[str]) -> list[str]:
+    """What a POSIX shell passes to the program when it runs shlex.join(argv)."""
+    script = f"set -- {shlex.join(argv)}\nprintf '%s\\0' \"$@\""
+    out = subprocess.run(["sh", "-c", script], capture_output=True, check=True).stdout
+    return out.decode().split("\0")[:-1]
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=odd_text, arg=odd_text)
+def test_env_values_and_vllm_args_survive_the_shell(value: str, arg: str) -> None:
+    spec = duo(env={"ODD": value}, vllmArgs=["--chat-template", arg])
+    for argv in (c.head_run_argv(spec), c.vllm_run_argv(spec)):
+        assert shell_argv(argv) == argv
+    assert shell_argv(c.vllm_run_argv(spec))[-2:] == ["--chat-template", arg]
+    assert f"ODD={value}" in shell_argv(c.head_run_argv(spec))
+
+
+@settings(max_examples=30, deadline=None)
+@given(value=odd_text)
+def test_start_script_embeds_the_argv_literally(value: str) -> None:
+    """Run the real start script with `docker` replaced by a recorder: the recorded argv of
+    `docker run` must equal the built argv, whatever the env value holds."""
+    spec = duo(env={"ODD": value})
+    argv = c.head_run_argv(spec)
+    recorded = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, argv))
+    assert ["docker", "run", *recorded["run"]] == argv
+
+
+# --- the scripts' behaviour, with a fake docker on PATH --------------------------------------
+
+FAKE_DOCKER = r"""#!/bin/sh
+# records each call NUL-separated in $FAKE/calls.<sub>; answers like a healthy docker
+sub=$1
+printf '%s\0' "$@" > "$FAKE/calls.$sub.$$"; cat "$FAKE/calls.$sub.$$" >> "$FAKE/calls.$sub"
+case "$sub" in
+  run) echo 0123456789abcdef0123456789abcdef ;;
+  inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
+  logs) echo "Ray runtime started." ;;
+  rm) [ -e "$FAKE/rm-fails" ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
+      [ -e "$FAKE/gone" ] && { echo "Error: No such container: x" >&2; exit 1; }; exit 0 ;;
+esac
+"""
+
+
+def run_with_fake_docker(script: str, status: str = "running", gone: bool = False,
+                         rm_fails: bool = False, tmp: Path | None = None,
+                         check: bool = True) -> dict[str, list[str]]:
+    import tempfile
+    tmp = tmp or Path(tempfile.mkdtemp())
+    (tmp / "bin").mkdir(exist_ok=True)
+    docker = tmp / "bin" / "docker"
+    docker.write_text(FAKE_DOCKER)
+    docker.chmod(0o755)
+    (tmp / "status").write_text(status + "\n")
+    if gone:
+        (tmp / "gone").touch()
+    if rm_fails:
+        (tmp / "rm-fails").touch()
+    env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}", "FAKE": str(tmp),
+           "HOME": str(tmp)}
+    proc = subprocess.run(["sh", "-c", script], input="HF_TOKEN=x\n", capture_output=True,
+                          text=True, env=env, timeout=30)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    calls = {}
+    for f in tmp.glob("calls.*"):
+        if f.name.count(".") == 1:
+            calls[f.name.split(".", 1)[1]] = f.read_bytes().decode().split("\0")[1:-1]
+    calls["_rc"] = [str(proc.returncode)]
+    calls["_stdout"] = [proc.stdout]
+    calls["_stderr"] = [proc.stderr]
+    calls["_home"] = [str(tmp)]
+    return calls
+
+
+def test_start_head_writes_0600_env_file_prints_id_and_waits_for_ray(tmp_path: Path) -> None:
+    spec = duo()
+    out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+                               tmp=tmp_path)
+    assert out["_stdout"] == ["0123456789abcdef0123456789abcdef\n"]
+    env_file = tmp_path / ".spark-vllm" / "duo" / "ray-head.env"
+    assert env_file.read_text() == "HF_TOKEN=x\n"
+    assert oct(env_file.stat().st_mode & 0o777) == "0o600"
+    assert "ready: spark-vllm-duo-ray-head 0123456789ab" in out["_stderr"][0]
+
+
+def test_start_failure_shows_logs_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = duo()
+    out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+                               status="exited", tmp=tmp_path, check=False)
+    assert out["_rc"] == ["1"]
+    assert "FAILED: container is exited before ready" in out["_stderr"][0]
+    assert "    | Ray runtime started." in out["_stderr"][0]  # the log tail is shown
+    assert not (tmp_path / ".spark-vllm" / "duo" / "ray-head.env").exists()
+    rm_calls = (tmp_path / "calls.rm").read_bytes().decode().split("\0")
+    assert rm_calls.count("spark-vllm-duo-ray-head") == 2  # leftover removal + cleanup
+
+
+def test_remove_is_idempotent_but_not_blind(tmp_path: Path) -> None:
+    spec = duo()
+    script = c.remove_script(spec, spec.nodes[1], c.WORKER)
+    assert run_with_fake_docker(script, gone=True)["_rc"] == ["0"]
+    failed = run_with_fake_docker(script, rm_fails=True, check=False)
+    assert failed["_rc"] == ["1"] and "Cannot connect" in failed["_stderr"][0]
+
+
+# --- the gate's comparison ------------------------------------------------------------------
+
+def load_gate():
+    path = ROOT / "components" / "scripts" / "ray_gate.py"
+    mod_spec = importlib.util.spec_from_file_location("ray_gate", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    return mod
+
+
+EXPECTED = [{"name": "spark-a", "ip": "192.168.200.12", "gpus": 1},
+            {"name": "spark-b", "ip": "192.168.200.13", "gpus": 1}]
+
+
+def ray_node(ip: str, gpus: float = 1.0, alive: bool = True) -> dict:
+    return {"NodeManagerAddress": ip, "Alive": alive, "Resources": {"GPU": gpus, "CPU": 20.0}}
+
+
+def test_gate_accepts_the_declared_cluster() -> None:
+    gate = load_gate()
+    ok, rows = gate.compare(EXPECTED, [ray_node("192.168.200.12"), ray_node("192.168.200.13"),
+                                       ray_node("10.1.230.181", alive=False)])
+    assert ok and [r[3] for r in rows] == ["alive, 1 GPU", "alive, 1 GPU"]
+
+
+def test_gate_names_the_seed_failure() -> None:
+    """The outage: the head registered under its external IP, vLLM pinned the RoCE IP."""
+    gate = load_gate()
+    ok, rows = gate.compare(EXPECTED, [ray_node("10.1.230.180"), ray_node("192.168.200.13")])
+    assert not ok
+    text = gate.table(rows)
+    lines = text.splitlines()
+    assert lines[1].split()[:4] == ["spark-a", "192.168.200.12", "1", "MISSING"]
+    assert lines[3].startswith("(not in spec)  10.1.230.180")
+    assert lines[3].endswith("registered under an address the spec does not use")
+
+
+def test_gate_checks_gpus_and_versions() -> None:
+    gate = load_gate()
+    ok, rows = gate.compare(EXPECTED, [ray_node("192.168.200.12", 0), ray_node("192.168.200.13")])
+    assert not ok and rows[0][3] == "alive, 0 GPU (expected 1)"
+    same = ['{"node": "a", "ray": "2.60.0", "python": "3.11.2"}',
+            '{"node": "b", "ray": "2.60.0", "python": "3.11.2"}']
+    assert gate.version_problem(same) is None
+    diff = [same[0], '{"node": "b", "ray": "2.54.0", "python": "3.12.1"}']
+    assert "b: ray 2.54.0, python 3.12.1" in gate.version_problem(diff)

@@ -1,0 +1,180 @@
+"""The resource graph under mocks: names, replace options, the input-linked chain, per-node
+env, secrets. Mocks cannot show the engine's ordering; tests/integration does, for real."""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pytest
+
+from components.program import Secrets
+from tests.unit.harness import (API_KEY, CMD, HF_TOKEN, SECRET_SIG, SSH_KEY, Registered,
+                                lab_nodes, run, spec_from)
+
+
+def graph(n: int, **top: object) -> dict[str, Registered]:
+    if n == 4 and "pipelineParallelSize" not in top:
+        top.update(tensorParallelSize=2, pipelineParallelSize=2)
+    return run(spec_from(lab_nodes(n), **top))
+
+
+CONTAINERS = ("ray-head", "ray-gate", "vllm-serve")
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_graph_shape(n: int) -> None:
+    g = graph(n)
+    commands = sorted(name for name, r in g.items() if r.type == CMD)
+    expected = sorted([f"node-{i}-preflight" for i in range(1, n + 1)]
+                      + [f"ray-worker-node-{i}" for i in range(2, n + 1)] + list(CONTAINERS))
+    assert commands == expected
+    assert {g[f"node-{i}"].type for i in range(1, n + 1)} == {"spark-vllm:node:SparkNode"}
+    assert g["ray"].type == "spark-vllm:ray:RayCluster"
+    assert g["vllm"].type == "spark-vllm:vllm:VllmService"
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_every_command_is_replaced_never_mutated(n: int) -> None:
+    for name, r in graph(n).items():
+        if r.type == CMD:
+            assert r.delete_before_replace, name
+            assert "*" in r.replace_on_changes, name
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_chain_is_linked_through_trigger_inputs(n: int) -> None:
+    g = graph(n)
+    head = g["ray-head"].urn
+    workers = [g[f"ray-worker-node-{i}"].urn for i in range(2, n + 1)]
+    for i in range(2, n + 1):
+        w = g[f"ray-worker-node-{i}"]
+        assert w.property_dependencies["triggers"] == [head]
+        assert w.plain("triggers")[0] == "cid-ray-head\n"  # the head's container id
+    assert sorted(g["ray-gate"].property_dependencies["triggers"]) == sorted([head, *workers])
+    serve_deps = g["vllm-serve"].property_dependencies["triggers"]
+    assert g["ray-gate"].urn in serve_deps and head in serve_deps
+    assert set(workers) <= set(serve_deps)
+    # preflights gate the head by ordering only (a preflight rerun must not restart Ray)
+    assert "triggers" not in g["ray-head"].property_dependencies or not \
+        g["ray-head"].property_dependencies["triggers"]
+    assert {g[f"node-{i}-preflight"].urn for i in range(1, n + 1)} <= set(g["ray-head"].dependencies)
+
+
+def test_triggers_carry_readable_facts() -> None:
+    g = graph(2)
+    assert g["ray-head"].plain("triggers")[:3] == ["10.231.0.11", "192.168.231.11", "vllm/image:1"]
+    assert g["ray-head"].plain("triggers")[3].startswith("env:")
+    assert g["ray-worker-node-2"].plain("triggers")[1:4] == ["10.231.0.12", "192.168.231.12",
+                                                             "vllm/image:1"]
+
+
+def test_env_change_changes_every_container_trigger_and_nothing_else() -> None:
+    a, b = graph(2), graph(2, env={"NCCL_DEBUG": "INFO"})
+    changed = {name for name, r in a.items()
+               if r.type == CMD and r.plain("triggers") != b[name].plain("triggers")}
+    assert changed == {"ray-head", "ray-worker-node-2", "vllm-serve"}
+    assert a["node-1-preflight"].plain("create") == b["node-1-preflight"].plain("create")
+
+
+def test_per_node_env_comes_from_each_node() -> None:
+    g = graph(4)
+    for i in range(1, 5):
+        name = "ray-head" if i == 1 else f"ray-worker-node-{i}"
+        create = g[name].plain("create")
+        assert f"VLLM_HOST_IP=192.168.231.{10 + i}" in create
+        assert f"NCCL_SOCKET_IFNAME=enp{i}s0f1np1" in create
+        assert f"NCCL_IB_HCA=rocep{i}s0f1" in create
+        others = [j for j in range(1, 5) if j != i]
+        assert not any(f"enp{j}s0f1np1" in create or f"192.168.231.{10 + j} " in create
+                       for j in others if j != 1), name
+        assert f"--node-ip-address=192.168.231.{10 + i}" in create
+        if i > 1:
+            assert "--address=192.168.231.11:6379" in create
+
+
+def test_four_nodes_tp2_pp2_serve_args() -> None:
+    create = graph(4)["vllm-serve"].plain("create")
+    assert "--tensor-parallel-size 2 --pipeline-parallel-size 2" in create
+
+
+def _leaks(value: object, secrets: list[str], path: str = "") -> list[str]:
+    if isinstance(value, dict):
+        if value.get(SECRET_SIG):
+            return []  # wrapped as a secret: stored encrypted, shown as [secret]
+        return [x for k, v in value.items() for x in _leaks(v, secrets, f"{path}.{k}")]
+    if isinstance(value, list):
+        return [x for i, v in enumerate(value) for x in _leaks(v, secrets, f"{path}[{i}]")]
+    return [f"{path} holds a secret" for s in secrets if isinstance(value, str) and s in value]
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_no_secret_value_in_any_plain_input(n: int) -> None:
+    g = graph(n)
+    secrets = [SSH_KEY, "secret-ssh-key-material", HF_TOKEN, API_KEY]
+    leaks = [f"{name}{leak}" for name, r in g.items() for leak in _leaks(r.inputs, secrets)]
+    assert leaks == []
+    # and the secrets do reach the nodes, wrapped: key in connection, tokens in stdin
+    serve = g["vllm-serve"]
+    assert serve.inputs["stdin"][SECRET_SIG]
+    assert f"VLLM_API_KEY={API_KEY}" in serve.plain("stdin")
+    assert g["ray-head"].plain("connection")["privateKey"] == SSH_KEY
+    assert g["ray-head"].inputs["connection"][SECRET_SIG]
+
+
+def test_outputs_name_every_node_and_container() -> None:
+    captured: dict[str, object] = {}
+    from components import program
+
+    real_deploy = program.deploy
+
+    def spy(spec, secrets):  # type: ignore[no-untyped-def]
+        out = real_deploy(spec, secrets)
+        pulumi.Output.all(**out).apply(lambda v: captured.update(v))
+        return out
+
+    program.deploy = spy
+    try:
+        import tests.unit.harness as h
+        h.deploy = spy
+        run(spec_from(lab_nodes(2)))
+    finally:
+        program.deploy = real_deploy
+        h.deploy = real_deploy
+    assert captured["endpoint"] == "http://10.231.0.11:8000/v1"
+    assert captured["identityIps"] == {"node-1": "192.168.231.11", "node-2": "192.168.231.12"}
+    assert captured["containerIds"] == {"node-1/ray-head": "cid-ray-head",
+                                        "node-2/ray-worker": "cid-ray-worker-node-2",
+                                        "node-1/vllm": "cid-vllm-serve"}
+    assert captured["servedModelName"] == "org/model"
+
+
+def test_bad_config_is_refused_before_any_resource() -> None:
+    """read_config raises RunError listing every problem; no command is ever registered."""
+    from tests.unit.harness import Mocks, RecordingMonitor
+
+    mocks = Mocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack="bad", preview=True,
+                             monitor=monitor)
+    pulumi.runtime.set_all_config({
+        "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1", "fabricIp": "10.9.0.1"}]),
+        "spark-vllm:image": "img", "spark-vllm:model": "m",
+        "spark-vllm:tensorParallelSize": "2", "spark-vllm:env": json.dumps({"VLLM_HOST_IP": "x"}),
+    }, secret_keys=[])
+    from components.program import read_config
+
+    with pytest.raises(pulumi.RunError) as err:
+        read_config()
+    msg = str(err.value)
+    for expected in ("sshPrivateKey: required", "nodes[0].fabricInterface: required",
+                     "tensorParallelSize: ", "env.VLLM_HOST_IP: set by the program"):
+        assert expected in msg
+    assert [r for r in monitor.requests.values() if r.type == CMD] == []
+    pulumi.runtime.set_all_config({}, secret_keys=[])
+
+
+def test_secrets_optional() -> None:
+    g = run(spec_from(lab_nodes(2)), Secrets(ssh_private_key=pulumi.Output.secret(SSH_KEY)))
+    assert "VLLM_API_KEY" not in g["vllm-serve"].plain("stdin")
+    assert "HF_TOKEN" not in g["ray-head"].plain("stdin")

@@ -1,0 +1,211 @@
+"""Table tests of the spec: each refusal, each message, all problems reported together."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from components.spec import OWNED_ENV, SpecError, _Settings, decode_config, parse_spec
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL_SECRETS = frozenset({"sshPrivateKey"})
+
+
+def good() -> dict[str, Any]:
+    return {
+        "nodes": [
+            {"name": "spark-a", "host": "10.1.230.180", "user": "aurora",
+             "fabricIp": "192.168.200.12", "fabricInterface": "enp1s0f1np1", "gpus": 1},
+            {"name": "spark-b", "host": "10.1.230.181", "user": "aurora",
+             "fabricIp": "192.168.200.13", "fabricInterface": "enp1s0f1np1", "gpus": 1},
+        ],
+        "image": "hellohal2064/vllm-qwen3.5-gb10:latest",
+        "model": "Qwen/Qwen3.5-122B-A10B-FP8",
+        "tensorParallelSize": 2,
+    }
+
+
+def problems(mutate: Any, secrets: frozenset[str] = ALL_SECRETS) -> list[str]:
+    raw = good()
+    mutate(raw)
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw, "t", secrets)
+    return err.value.problems
+
+
+def set_node(i: int, **kv: Any) -> Any:
+    return lambda raw: raw["nodes"][i].update(kv)
+
+
+def drop_node_key(i: int, key: str) -> Any:
+    return lambda raw: raw["nodes"][i].pop(key)
+
+
+REFUSALS = [
+    ("unknown node key", set_node(1, fabricIface="x"), "nodes[1].fabricIface: unknown key (a typo?)"),
+    ("unknown top key", lambda r: r.update(tensorParalelSize=2), "tensorParalelSize: unknown key (a typo?)"),
+    ("node name chars", set_node(0, name="Spark_A"), "nodes[0].name: 'Spark_A' must be 1-40 of [a-z0-9-]"),
+    ("node name unique", set_node(1, name="spark-a"), "nodes[1].name: 'spark-a' already used by nodes[0]"),
+    ("fabricIp literal", set_node(1, fabricIp="192.168.200.300"), "nodes[1].fabricIp: "),
+    ("identity unique", set_node(1, fabricIp="192.168.200.12"),
+     "nodes[1].fabricIp: identity 192.168.200.12 already used by nodes[0]"),
+    ("host identity unique", lambda r: [n.pop(k) for n in r["nodes"] for k in ("fabricIp", "fabricInterface")]
+     and r["nodes"][1].update(host="10.1.230.180"),
+     "nodes[1].host: identity 10.1.230.180 already used by nodes[0]"),
+    ("fabricInterface with fabricIp", drop_node_key(1, "fabricInterface"),
+     "nodes[1].fabricInterface: required when fabricIp is set"),
+    ("fabricIp with fabricInterface", drop_node_key(1, "fabricIp"),
+     "nodes[1].fabricIp: required when fabricInterface is set"),
+    ("identity must be an IP", lambda r: [r["nodes"][1].pop(k) for k in ("fabricIp", "fabricInterface")]
+     and r["nodes"][1].update(host="spark-b.local"),
+     "nodes[1].host: 'spark-b.local' is not an IP literal; the node identity must be an IP"),
+    ("gpus >= 1", set_node(0, gpus=0), "nodes[0].gpus: Input should be greater than or equal to 1"),
+    ("TP x PP = GPUs", lambda r: r.update(tensorParallelSize=4),
+     "tensorParallelSize: tensorParallelSize × pipelineParallelSize = 4 × 1 = 4 must equal the GPUs of all nodes (2)"),
+    ("PP counts", lambda r: r.update(pipelineParallelSize=2),
+     "= 2 × 2 = 4 must equal the GPUs of all nodes (2)"),
+    ("port range", lambda r: r.update(port=70000), "port: Input should be less than or equal to 65535"),
+    ("rayPort range", lambda r: r.update(rayPort=0), "rayPort: Input should be greater than or equal to 1"),
+    ("ssh port range", set_node(1, port=65536), "nodes[1].port: Input should be less than or equal to 65535"),
+    ("port clash", lambda r: r.update(port=6379), "port: 6379 is also rayPort"),
+    ("imagePull", lambda r: r.update(imagePull="sometimes"),
+     "imagePull: Input should be 'always', 'missing' or 'never'"),
+    ("hfCache absolute", lambda r: r.update(hfCache="cache"), "hfCache: must be an absolute path on the nodes"),
+    ("env value type", lambda r: r.update(env={"A": True}), "env.A: Input should be a valid string"),
+    ("env key name", lambda r: r.update(env={"A-B": "1"}), "env.A-B: not a valid environment variable name"),
+    ("vllmArgs owned", lambda r: r.update(vllmArgs=["--tensor-parallel-size=2"]),
+     "vllmArgs[0]: --tensor-parallel-size is set by the program from tensorParallelSize"),
+    ("vllmArgs api key", lambda r: r.update(vllmArgs=["--max-model-len", "8", "--api-key", "x"]),
+     "vllmArgs[2]: --api-key is set by the program from apiKey (a secret)"),
+    ("host key shape", set_node(0, hostKey="AAAA"), "nodes[0].hostKey: expected \"<type> <base64>\""),
+    ("nodes missing", lambda r: r.pop("nodes"), "nodes: required, a non-empty list"),
+    ("image missing", lambda r: r.pop("image"), "image: Field required"),
+    ("checkGpu type", lambda r: r.update(checkGpu="yes"), "checkGpu: Input should be a valid boolean"),
+]
+
+
+@pytest.mark.parametrize("mutate,expected", [r[1:] for r in REFUSALS], ids=[r[0] for r in REFUSALS])
+def test_refusal_names_the_field(mutate: Any, expected: str) -> None:
+    found = problems(mutate)
+    assert any(expected in p for p in found), found
+
+
+@pytest.mark.parametrize("key", sorted(OWNED_ENV))
+def test_owned_env_keys_are_refused_naming_the_field_to_use(key: str) -> None:
+    found = problems(lambda r: r.update(env={key: "x", "NCCL_DEBUG": "INFO"}))
+    assert found == [f"env.{key}: set by the program from {OWNED_ENV[key]}; remove it from env"]
+
+
+def test_owned_env_covers_the_design_list() -> None:
+    design = {"VLLM_HOST_IP", "RAY_NODE_IP_ADDRESS", "RAY_OVERRIDE_NODE_IP_ADDRESS", "HOST_IP",
+              "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+              "NCCL_IB_HCA"}
+    assert design <= set(OWNED_ENV)
+    assert "fabricInterface" in OWNED_ENV["NCCL_SOCKET_IFNAME"]
+    assert "ibHca" in OWNED_ENV["NCCL_IB_HCA"]
+
+
+def test_ssh_key_is_required() -> None:
+    found = problems(lambda r: None, secrets=frozenset())
+    assert found == ["sshPrivateKey: required; set it with "
+                     "`pulumi config set --secret spark-vllm:sshPrivateKey < KEYFILE`"]
+
+
+def test_every_problem_is_reported_together() -> None:
+    def many(raw: dict[str, Any]) -> None:
+        raw["nodes"][0].update(name="A", gpus=0)
+        raw["nodes"][1].pop("fabricInterface")
+        raw.update(imagePull="sometimes", port=99999, env={"VLLM_HOST_IP": "1.2.3.4"}, typo=1)
+
+    found = problems(many)
+    paths = sorted(p.split(":")[0] for p in found)
+    assert paths == ["imagePull", "nodes[0].gpus", "nodes[0].name", "nodes[1].fabricInterface",
+                     "port", "typo"], found
+    # message is one line per problem, each prefixed, so the Pulumi error reads as a list
+    with pytest.raises(SpecError) as err:
+        raw = good()
+        many(raw)
+        parse_spec(raw, "t", ALL_SECRETS)
+    assert str(err.value).startswith("invalid spark-vllm config (6 problems):\n  - ")
+
+
+def test_valid_spec_defaults_and_identity() -> None:
+    spec = parse_spec(good(), "duo", ALL_SECRETS)
+    assert spec.head.name == "spark-a" and [w.name for w in spec.workers] == ["spark-b"]
+    assert [n.identity_ip for n in spec.nodes] == ["192.168.200.12", "192.168.200.13"]
+    assert (spec.image_pull, spec.port, spec.ray_port, spec.served_name) == (
+        "missing", 8000, 6379, "Qwen/Qwen3.5-122B-A10B-FP8")
+    assert spec.nodes[0].user == "aurora" and spec.nodes[0].port == 22
+    with pytest.raises(Exception):
+        spec.nodes[0].host = "x"  # type: ignore[misc]  # frozen
+
+
+def test_identity_falls_back_to_host_ip() -> None:
+    raw = good()
+    for n in raw["nodes"]:
+        n.pop("fabricIp"), n.pop("fabricInterface")
+    spec = parse_spec(raw, "t", ALL_SECRETS)
+    assert [n.identity_ip for n in spec.nodes] == ["10.1.230.180", "10.1.230.181"]
+
+
+def test_env_numbers_become_strings() -> None:
+    raw = good()
+    raw["env"] = {"NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": 0, "RATIO": 0.5}
+    assert parse_spec(raw, "t", ALL_SECRETS).user_env == {
+        "NCCL_DEBUG": "WARN", "NCCL_IB_DISABLE": "0", "RATIO": "0.5"}
+
+
+def test_decode_config_types_and_secrets() -> None:
+    raw, secrets = decode_config({
+        "spark-vllm:nodes": '[{"name": "a", "host": "10.0.0.1"}]',
+        "spark-vllm:image": "123",  # a string field stays text
+        "spark-vllm:tensorParallelSize": "1",
+        "spark-vllm:checkGpu": "false",
+        "spark-vllm:sshPrivateKey": "PRIVATE",
+        "other:key": "ignored",
+    })
+    assert raw == {"nodes": [{"name": "a", "host": "10.0.0.1"}], "image": "123",
+                   "tensorParallelSize": 1, "checkGpu": False}
+    assert secrets == {"sshPrivateKey"}
+    assert "PRIVATE" not in repr(raw)
+
+
+def stack_config(path: Path) -> tuple[dict[str, Any], frozenset[str]]:
+    """Flatten a stack file the way Pulumi hands config to a program: structured values as
+    JSON text, scalars as their text."""
+    doc = yaml.safe_load(path.read_text())["config"]
+    flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in doc.items()}
+    return decode_config(flat)
+
+
+def test_spark_duo_stack_is_valid_and_matches_the_seeds() -> None:
+    raw, secrets = stack_config(ROOT / "stacks" / "Pulumi.spark-duo.yaml")
+    spec = parse_spec(raw, "spark-duo", secrets | {"sshPrivateKey"})
+    assert spec.head.host == "10.1.230.180"
+    assert [n.identity_ip for n in spec.nodes] == ["192.168.200.12", "192.168.200.13"]
+    assert {n.fabric_interface for n in spec.nodes} == {"enp1s0f1np1"}
+    assert spec.tensor_parallel_size == 2 and spec.model == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert spec.image.startswith("hellohal2064/vllm-qwen3.5-gb10")
+
+
+def test_example_documents_every_key() -> None:
+    doc = yaml.safe_load((ROOT / "stacks" / "example.yaml").read_text())["config"]
+    keys = {k.split(":", 1)[1] for k in doc}
+    from pydantic.alias_generators import to_camel
+    settings = {to_camel(f) for f in _Settings.model_fields}
+    assert keys == settings | {"nodes", "sshPrivateKey", "hfToken", "apiKey"}
+    node_keys = set(doc["spark-vllm:nodes"][0])
+    assert node_keys == {"name", "host", "user", "port", "hostKey", "fabricIp",
+                         "fabricInterface", "ibHca", "gpus"}
+
+
+def test_problems_do_not_leak_between_calls() -> None:
+    raw = good()
+    before = copy.deepcopy(raw)
+    parse_spec(raw, "t", ALL_SECRETS)
+    assert raw == before

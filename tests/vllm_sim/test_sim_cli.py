@@ -1,0 +1,94 @@
+"""The command line: it says what it is, accepts vLLM's flags, hides the API key."""
+
+import socket
+import subprocess
+
+import pytest
+
+pytest.importorskip("vllm_sim")
+from vllm_sim import BANNER  # noqa: E402
+from vllm_sim.cli import _non_default_args, build_parser, main  # noqa: E402
+
+from vsim_harness import clean_env, exe  # noqa: E402
+
+EXPECTED_BANNER = (
+    "vllm-sim: a SIMULATOR of vLLM's multi-node Ray orchestration for spark-vllm's lab "
+    "\u2014 it does no inference."
+)
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(args), capture_output=True, text=True, timeout=60, env=env or clean_env()
+    )
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [("vllm", "--help"), ("vllm", "serve", "--help"), ("vllm-sim", "--help")],
+    ids=["vllm", "vllm-serve", "vllm-sim"],
+)
+def test_help_first_line_is_the_simulator_banner(argv):
+    result = run(exe(argv[0]), *argv[1:])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == EXPECTED_BANNER
+    assert BANNER == EXPECTED_BANNER
+
+
+def test_serve_help_lists_the_flags_spark_vllm_emits():
+    out = run(exe("vllm"), "serve", "--help").stdout
+    for flag in (
+        "--tensor-parallel-size",
+        "--pipeline-parallel-size",
+        "--distributed-executor-backend",
+        "--host",
+        "--port",
+        "--served-model-name",
+        "--api-key",
+    ):
+        assert flag in out
+
+
+def test_version_is_labelled_as_the_simulator():
+    result = run(exe("vllm"), "--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "0.0.0+vllm-sim"
+
+
+def test_unknown_vllm_flags_are_accepted_not_fatal():
+    parser = build_parser()
+    args, extra = parser.parse_known_args(
+        ["serve", "Qwen/Qwen3.5-122B-A10B-FP8", "--tensor-parallel-size", "2",
+         "--max-model-len", "32768", "--gpu-memory-utilization", "0.9", "--enforce-eager",
+         "--distributed-executor-backend", "ray"]
+    )
+    assert args.model_tag == "Qwen/Qwen3.5-122B-A10B-FP8"
+    assert args.tensor_parallel_size == 2
+    assert args.max_model_len == 32768
+    assert args.distributed_executor_backend == "ray"
+    assert extra == ["--gpu-memory-utilization", "0.9", "--enforce-eager"]
+
+
+def test_non_default_args_never_show_the_api_key():
+    parser = build_parser()
+    args, _ = parser.parse_known_args(["serve", "m", "--api-key", "s3cr3t-value", "-tp", "2"])
+    shown = _non_default_args(args, parser)
+    assert shown["api_key"] == "<redacted>"
+    assert shown["tensor_parallel_size"] == 2
+    assert "s3cr3t-value" not in repr(shown)
+
+
+def test_taken_port_fails_before_touching_ray(capsys):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        rc = main(["serve", "m", "--host", "127.0.0.1", "--port", str(port)])
+    assert rc == 1
+    assert "Cannot bind 127.0.0.1:" in capsys.readouterr().out
+
+
+def test_multi_gpu_without_ray_backend_is_refused(capsys):
+    rc = main(["serve", "m", "-tp", "2", "--distributed-executor-backend", "mp"])
+    assert rc == 1
+    assert "simulates only the Ray executor" in capsys.readouterr().out

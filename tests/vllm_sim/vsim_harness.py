@@ -1,0 +1,210 @@
+"""Real Ray nodes and real `vllm serve` (vllm-sim) processes for the tests, loopback only.
+
+Ray nodes run as `ray start --block` in their own session and are stopped by signalling that
+process (it takes its raylet, GCS ... down with it), then by killing its process group: never
+`ray stop`, which would end every Ray on the machine, other people's included.
+
+Node addresses are 127.0.0.2, .3, ...: Ray 2.60 rewrites `--node-ip-address=127.0.0.1` (and
+"localhost") to the default-route address (ray._private.services.resolve_ip_for_localhost), which
+would take traffic off loopback; any other 127/8 address is kept as given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+BIN = Path(sys.executable).parent
+NODE_START_TIMEOUT_S = 60.0
+SERVER_READY_TIMEOUT_S = 60.0
+
+
+def exe(name: str) -> str:
+    local = BIN / name
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise FileNotFoundError(f"{name} not found next to {sys.executable} nor on PATH")
+    return found
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VLLM_HOST_IP", "HOST_IP", "VLLM_API_KEY", "RAY_ADDRESS")
+        and not k.startswith("VLLM_SIM_")
+    }
+    env["RAY_USAGE_STATS_ENABLED"] = "0"
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def _stop_group(proc: subprocess.Popen, term_timeout_s: float) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=term_timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # leftovers of this process's own group only
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+@dataclass
+class RayCluster:
+    """A head at 127.0.0.2 and any workers, each `ray start --block` with its own env."""
+
+    temp_dir: str
+    port: int
+    head_ip: str = "127.0.0.2"
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"{self.head_ip}:{self.port}"
+
+    def add_node(self, ip: str, vllm_host_ip: str | None, gpus: int = 1) -> None:
+        head = not self.procs
+        args = [
+            exe("ray"),
+            "start",
+            f"--node-ip-address={ip}",
+            f"--num-gpus={gpus}",
+            "--block",
+            "--object-store-memory=100000000",
+            f"--temp-dir={self.temp_dir}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--dashboard-agent-grpc-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            f"--runtime-env-agent-port={free_port()}",
+        ]
+        if head:
+            args += [
+                "--head",
+                f"--port={self.port}",
+                "--include-dashboard=false",
+                f"--dashboard-port={free_port()}",
+            ]
+        else:
+            args.append(f"--address={self.address}")
+        # What the node's container would have: the raylet's env is what its workers see.
+        env = clean_env(**({"VLLM_HOST_IP": vllm_host_ip} if vllm_host_ip else {}))
+        log = Path(self.temp_dir) / f"ray-start-{ip}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen(
+                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.procs.append(proc)
+        self.logs.append(log)
+        deadline = time.monotonic() + NODE_START_TIMEOUT_S
+        while "Ray runtime started" not in log.read_text(errors="replace"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"ray start for {ip} failed:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            _stop_group(proc, term_timeout_s=20)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def start_cluster(head_vllm_host_ip: str | None = "127.0.0.2") -> RayCluster:
+    # Short path: Ray's unix sockets live under it and must stay under 108 bytes.
+    cluster = RayCluster(temp_dir=tempfile.mkdtemp(prefix="vsim-", dir="/tmp"), port=free_port())
+    try:
+        cluster.add_node(cluster.head_ip, head_vllm_host_ip)
+    except Exception:
+        cluster.stop()
+        raise
+    return cluster
+
+
+@dataclass
+class Serve:
+    """One `vllm serve` process and its combined stdout/stderr."""
+
+    proc: subprocess.Popen
+    log: Path
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_exit(self, timeout_s: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"vllm serve still running:\n{self.output()[-4000:]}") from None
+
+    def wait_ready(self, timeout_s: float = SERVER_READY_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vllm serve exited {self.proc.returncode}:\n{self.output()}")
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        raise AssertionError(f"vllm serve not healthy in {timeout_s} s:\n{self.output()[-4000:]}")
+
+    def stop(self) -> None:
+        _stop_group(self.proc, term_timeout_s=15)
+
+
+def start_serve(
+    cluster: RayCluster | None,
+    model: str,
+    flags: Iterable[str],
+    env: dict[str, str],
+    log_dir: Path,
+) -> Serve:
+    port = free_port()
+    log = log_dir / f"serve-{port}.log"
+    full_env = clean_env(VLLM_SIM_LOAD_SECONDS="0.5", **env)
+    if cluster is not None:
+        full_env["RAY_ADDRESS"] = cluster.address
+    args = [exe("vllm"), "serve", model, "--host", "127.0.0.1", "--port", str(port), *flags]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            args, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    return Serve(proc=proc, log=log, port=port)
+
+
+RANK_LINE = re.compile(r"rank (\d+) -> node (\S+) .*pid=(\d+)\)")
+
+
+def rank_lines(output: str) -> list[tuple[int, str, int]]:
+    return [(int(r), ip, int(pid)) for r, ip, pid in RANK_LINE.findall(output)]
