@@ -249,7 +249,7 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         if spec.smoke_test:
             smoke = _probe(spec, "smoke")
             lines.append(f'docker exec "$name" {smoke} >&2 || fail "smoke request failed"')
-    lines += [f'log "ready: $name ${{cid%"${{cid#????????????}}"}}"', 'echo "$cid"']
+    lines += ['log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"']
     return "\n".join(lines) + "\n"
 
 

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 from pulumi_command import remote
 
 from . import commands
 from .spec import ClusterSpec, NodeSpec
-
-# Replace, never mutate (invariant 2): pulumi-command updates `create`, `connection` and
-# `environment` in place, which would leave the old container running.
-REPLACE = {"delete_before_replace": True, "replace_on_changes": ["*"]}
 
 
 @dataclass(frozen=True)
@@ -28,6 +25,9 @@ class SparkNode(pulumi.ComponentResource):
     identity_ip: pulumi.Output[str]
     preflight_report: pulumi.Output[str]
 
+    connection: remote.ConnectionArgs
+    preflight: remote.Command
+
     def __init__(self, name: str, args: SparkNodeArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:node:SparkNode", name, None, opts)
@@ -40,14 +40,12 @@ class SparkNode(pulumi.ComponentResource):
             # a rebooting Spark takes a while to answer; fail in ~1 min, not pulumi's default
             dial_error_limit=4, per_dial_timeout=15,
         )
-        self.preflight = remote.Command(
-            f"{name}-preflight",
-            connection=self.connection,
+        self.preflight = node_command(
+            f"{name}-preflight", self, self,
             create=commands.preflight_script(spec, node),
             # plain facts for a reviewer: the connection itself shows only [secret]
             triggers=[node.host, node.identity_ip, spec.image, spec.image_pull],
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, **REPLACE),
+            depends_on=[],
         )
         self.identity_ip = pulumi.Output.from_input(node.identity_ip)
         self.preflight_report = self.preflight.stdout
@@ -55,13 +53,16 @@ class SparkNode(pulumi.ComponentResource):
                                "preflight_report": self.preflight_report})
 
 
-def container_command(
-    name: str, parent: pulumi.Resource, node: SparkNode, role: str, create: pulumi.Input[str],
-    delete: str, stdin: pulumi.Input[str] | None, triggers: list[pulumi.Input[object]],
-    depends_on: list[pulumi.Resource],
+def node_command(
+    name: str, parent: pulumi.Resource, node: SparkNode, create: pulumi.Input[str],
+    triggers: list[Any], depends_on: list[pulumi.Resource],
+    delete: str | None = None, stdin: pulumi.Input[str] | None = None,
 ) -> remote.Command:
-    """A remote.Command that owns one container: replaced as a whole, deleted before its
-    replacement starts, linked to what it depends on through `triggers` (invariant 2)."""
+    """A remote.Command on `node` that is replaced as a whole, never updated in place, and
+    deleted before its replacement starts (invariant 2): pulumi-command would otherwise run a
+    changed `create` again on the new host and never the old `delete`, leaving the old
+    container running. What it depends on reaches it through `triggers`, so the engine
+    cascades the replacement (FIELD-NOTES, Pulumi)."""
     return remote.Command(
         name,
         connection=node.connection,
@@ -69,8 +70,9 @@ def container_command(
         delete=delete,
         stdin=stdin,
         triggers=triggers,
-        add_previous_output_in_env=False,
-        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on, **REPLACE),
+        add_previous_output_in_env=False,  # it would need sshd AcceptEnv; nothing reads it
+        opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on,
+                                    delete_before_replace=True, replace_on_changes=["*"]),
     )
 
 

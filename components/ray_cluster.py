@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pulumi
-from pulumi_command import remote
 
 from . import commands
-from .node import REPLACE, SparkNode, container_command, env_facts
+from .node import SparkNode, env_facts, node_command
 from .spec import ClusterSpec
 
 
@@ -38,8 +37,8 @@ class RayCluster(pulumi.ComponentResource):
         preflights: list[pulumi.Resource] = [n.preflight for n in nodes]
         head_node = nodes[0]
 
-        self.head = container_command(
-            f"{name}-head", self, head_node, commands.HEAD,
+        self.head = node_command(
+            f"{name}-head", self, head_node,
             create=commands.start_script(spec, spec.head, commands.HEAD,
                                          commands.head_run_argv(spec)),
             delete=commands.remove_script(spec, spec.head, commands.HEAD),
@@ -48,8 +47,8 @@ class RayCluster(pulumi.ComponentResource):
             depends_on=preflights,
         )
         self.workers = [
-            container_command(
-                f"{name}-worker-{n.node.name}", self, n, commands.WORKER,
+            node_command(
+                f"{name}-worker-{n.node.name}", self, n,
                 create=commands.start_script(spec, n.node, commands.WORKER,
                                              commands.worker_run_argv(spec, n.node)),
                 delete=commands.remove_script(spec, n.node, commands.WORKER),
@@ -60,19 +59,17 @@ class RayCluster(pulumi.ComponentResource):
             for n in nodes[1:]
         ]
         containers = [self.head, *self.workers]
-        self.gate = remote.Command(
-            f"{name}-gate",
-            connection=head_node.connection,
+        self.gate = node_command(
+            f"{name}-gate", self, head_node,
             create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
                 lambda reports: commands.gate_script(spec, [r.strip() for r in reports])),
             triggers=[c.stdout for c in containers],
-            add_previous_output_in_env=False,
-            opts=pulumi.ResourceOptions(parent=self, depends_on=containers, **REPLACE),
+            depends_on=list(containers),
         )
         self.container_ids = pulumi.Output.all(*[c.stdout for c in containers]).apply(
             lambda ids: {
                 f"{n.name}/{commands.HEAD if i == 0 else commands.WORKER}": cid.strip()
-                for i, (n, cid) in enumerate(zip(spec.nodes, ids))
+                for i, (n, cid) in enumerate(zip(spec.nodes, ids, strict=True))
             })
         self.node_table = self.gate.stdout
         self.register_outputs({"container_ids": self.container_ids,

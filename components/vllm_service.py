@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 
 from . import commands
-from .node import SparkNode, container_command, env_facts
+from .node import SparkNode, env_facts, node_command
 from .ray_cluster import RayCluster
 from .spec import ClusterSpec
 
@@ -31,11 +31,11 @@ class VllmService(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:vllm:VllmService", name, None, opts)
         spec, cluster = args.spec, args.cluster
-        secrets = pulumi.Output.all(args.hf_token, args.api_key)
-        stdin = pulumi.Output.secret(secrets).apply(
-            lambda v: commands.secret_env_file(commands.VLLM, v[0], v[1]))
-        self.serve = container_command(
-            f"{name}-serve", self, args.head, commands.VLLM,
+        stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
+            pulumi.Output.all(args.hf_token, args.api_key).apply(
+                lambda v: commands.secret_env_file(commands.VLLM, v[0], v[1])))
+        self.serve = node_command(
+            f"{name}-serve", self, args.head,
             create=commands.start_script(spec, spec.head, commands.VLLM,
                                          commands.vllm_run_argv(spec)),
             delete=commands.remove_script(spec, spec.head, commands.VLLM),

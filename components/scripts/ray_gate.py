@@ -54,7 +54,7 @@ def version_problem(preflight):
 def table(rows):
     head = ("NODE", "EXPECTED IP", "GPUS", "RAY SEES")
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(3)]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3]
                      for r in (head, *rows))
 
 

@@ -9,8 +9,17 @@ import pulumi
 import pytest
 
 from components.program import Secrets
-from tests.unit.harness import (API_KEY, CMD, HF_TOKEN, SECRET_SIG, SSH_KEY, Registered,
-                                lab_nodes, run, spec_from)
+from tests.unit.harness import (
+    API_KEY,
+    CMD,
+    HF_TOKEN,
+    SECRET_SIG,
+    SSH_KEY,
+    Registered,
+    lab_nodes,
+    run,
+    spec_from,
+)
 
 
 def graph(n: int, **top: object) -> dict[str, Registered]:

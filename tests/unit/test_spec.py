@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from components.spec import OWNED_ENV, SpecError, _Settings, decode_config, parse_spec
 
@@ -141,7 +142,7 @@ def test_valid_spec_defaults_and_identity() -> None:
     assert (spec.image_pull, spec.port, spec.ray_port, spec.served_name) == (
         "missing", 8000, 6379, "Qwen/Qwen3.5-122B-A10B-FP8")
     assert spec.nodes[0].user == "aurora" and spec.nodes[0].port == 22
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         spec.nodes[0].host = "x"  # type: ignore[misc]  # frozen
 
 
