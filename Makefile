@@ -1,0 +1,57 @@
+# spark-vllm. Two commands matter:  `make demo` (the lab, end to end) and `make test`.
+SHELL := /bin/bash
+PY    := .venv/bin/python
+NODES ?= 2
+
+.PHONY: help venv tools deps test unit lint demo demo-down bench lab-up lab-down
+
+help:
+	@echo "make demo       lab up (simulated Spark nodes) + pulumi up + a chat completion"
+	@echo "make demo-down  pulumi destroy + lab down"
+	@echo "make test       venv from scratch + every test (unit, simulator, real engine on the lab)"
+	@echo "make unit       fast tests only (no Docker, no engine)"
+	@echo "make bench      benchmarks against Ray's cluster launcher and the bare path"
+
+# The virtualenv Pulumi's language host runs the program in (Pulumi.yaml: virtualenv .venv).
+.venv/.ready: requirements.txt requirements-dev.txt lab/vllm_sim/pyproject.toml
+	@echo "[make] creating .venv (cold: ~2 min, mostly Ray)"
+	python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements-dev.txt
+	touch $@
+
+venv: .venv/.ready
+
+# The real Pulumi engine (CLI, language host, command provider), built once and cached.
+tools:
+	bash lab/tools.sh >/dev/null
+
+# Host packages and a running Docker engine (the lab's nodes are containers).
+deps:
+	bash lab/system-deps.sh
+	bash lab/dockerd.sh
+
+unit: venv
+	$(PY) -m pytest -q tests/unit
+
+lint: venv
+	.venv/bin/ruff check components tests __main__.py lab bench
+	.venv/bin/mypy
+
+test: venv tools
+	$(PY) -m pytest -q -ra
+
+demo: venv tools deps
+	bash lab/demo.sh up $(NODES)
+
+demo-down: venv tools
+	bash lab/demo.sh down
+
+bench: venv tools deps
+	$(PY) -m bench
+
+lab-up: venv deps
+	$(PY) -m lab up --nodes $(NODES)
+
+lab-down: venv
+	$(PY) -m lab down
