@@ -31,7 +31,7 @@ up)
   model=$(pulumi stack output servedModelName --stack "$STACK")
   step "endpoint: $endpoint (model $model)"
   step "Ray's own node table (ray.nodes() on the head)"
-  $PY -m lab ssh node-1 docker exec "spark-vllm-$STACK-ray-head" python3 -c "$(cat <<'PY'
+  $PY -m lab ssh node-1 docker exec -i "spark-vllm-$STACK-ray-head" python3 - <<'PY'
 import ray
 ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
 print(f"{'NodeManagerAddress':<20}{'Alive':<7}GPU")
@@ -39,7 +39,6 @@ for n in sorted(ray.nodes(), key=lambda n: n["NodeManagerAddress"]):
     if n["Alive"]:
         print(f"{n['NodeManagerAddress']:<20}{str(n['Alive']):<7}{n['Resources'].get('GPU', 0):g}")
 PY
-)"
   step "a chat completion through $endpoint"
   $PY - "$endpoint" "$model" <<'PY'
 import json, sys, urllib.request
