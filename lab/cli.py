@@ -95,6 +95,6 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"mgmt {d['mgmtSubnet']}  fabric {d['fabricSubnet']}  ssh key {d['sshKey']}")
             print(f"stack file {d['stackFile']}  ssh config: ssh -F {keys.ssh_config()} node-1")
             for n in d["nodes"]:
-                print(f"{n['name']:8} {n['container']:24} mgmt {n['mgmt_ip']:15} "
-                      f"fabric {n['fabric_ip']} spare {n['spare_ip']}")
+                print(f"{n['name']:8} {n['container']:24} mgmt {n['mgmtIp']:15} "
+                      f"fabric {n['fabricIp']} spare {n['spareFabricIp']}")
     return 0

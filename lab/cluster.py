@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,13 @@ class LabInfo:
         return {
             "nodes": [
                 {
-                    **asdict(n),
+                    "index": n.index,
+                    "name": n.name,
+                    "container": n.container,
+                    "mgmtIp": n.mgmt_ip,
+                    "fabricIp": n.fabric_ip,
+                    "spareFabricIp": n.spare_ip,
+                    "dockerBip": n.docker_bip,
                     "user": keys.USER,
                     "port": 22,
                     "fabricInterface": config.FABRIC_IFNAME,
@@ -228,19 +234,47 @@ def wait_ready(nodes: list[NodeAddrs], progress: Progress,
     return ids
 
 
-def load_inner_image(n: NodeAddrs) -> None:
-    """`docker save | ssh root@NODE docker load`, as an operator would ship an image."""
+def load_inner_image(nodes: list[NodeAddrs]) -> None:
+    """`docker save | ssh root@NODE docker load`, as an operator would ship an image.
+
+    One `docker save` stream is fanned out to every node at once: the time goes into each
+    node's dockerd unpacking layers (≈15 s for one node, ≈14 s for two in parallel), not into
+    saving (≈5 s) or SSH (≈2.5 s)."""
+    if not nodes:
+        return
     save = subprocess.Popen(["docker", "save", config.INNER_IMAGE], stdout=subprocess.PIPE,
                             env=DOCKER_ENV)
+    loads = {n.name: subprocess.Popen(keys.ssh_argv(n.mgmt_ip, ["docker", "load", "-q"]),
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+             for n in nodes}
+    broken: set[str] = set()
     assert save.stdout is not None
-    load = subprocess.run(keys.ssh_argv(n.mgmt_ip, ["docker", "load", "-q"]), stdin=save.stdout,
-                          capture_output=True, text=True, timeout=900)
-    save.stdout.close()
-    rc_save = save.wait(timeout=60)
-    if rc_save != 0 or load.returncode != 0:
-        raise LabError(f"loading {config.INNER_IMAGE} into {n.name} failed: {load.stderr.strip()}")
-    # The previous simulator image (now untagged) would pile up in the node's volume.
-    run(keys.ssh_argv(n.mgmt_ip, ["docker", "image", "prune", "-f"]), check=False, timeout=60)
+    while chunk := save.stdout.read(1 << 20):
+        for name, proc in loads.items():
+            if name in broken:
+                continue
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(chunk)
+            except BrokenPipeError:
+                broken.add(name)
+    errors = []
+    for name, proc in loads.items():
+        try:
+            _, err = proc.communicate(timeout=900)  # closes stdin, waits for the load
+        except (BrokenPipeError, ValueError):
+            proc.wait(timeout=900)
+            err = b""
+        if proc.returncode != 0:
+            errors.append(f"{name}: exit {proc.returncode} {err.decode(errors='replace').strip()}")
+    if save.wait(timeout=60) != 0:
+        errors.append(f"docker save exited {save.returncode}")
+    if errors:
+        raise LabError(f"loading {config.INNER_IMAGE} failed: " + "; ".join(errors))
+    # The previous simulator image (now untagged) would pile up in the nodes' volumes.
+    for n in nodes:
+        run(keys.ssh_argv(n.mgmt_ip, ["docker", "image", "prune", "-f"]), check=False, timeout=60)
 
 
 # --- up / down / info --------------------------------------------------------------------
@@ -274,10 +308,10 @@ def up(opts: UpOptions = UpOptions()) -> LabInfo:
                 p.say(f"  {n.name}: {action} (mgmt {n.mgmt_ip}, fabric {n.fabric_ip} +{n.spare_ip})")
     with p.step("wait for ssh + inner dockerd"):
         ids = wait_ready(nodes, p)
-    for n in nodes:
-        if ids.get(n.name) != inner_id:
-            with p.step(f"load {config.INNER_IMAGE} into {n.name}"):
-                load_inner_image(n)
+    stale = [n for n in nodes if ids.get(n.name) != inner_id]
+    if stale:
+        with p.step(f"load {config.INNER_IMAGE} into {', '.join(n.name for n in stale)}"):
+            load_inner_image(stale)
     with p.step("stack file"):
         tp = opts.tp if opts.tp is not None else opts.nodes
         path = stackfile.write(opts.stack, nodes, host_keys, tp=tp, pp=opts.pp)

@@ -119,6 +119,10 @@ def ensure_node_image(progress: Progress) -> str:
     base = ensure_base(progress)
     with progress.step(f"build node image {tag}"):
         _build(tag, config.LAB_DIR / "node", "build-node", {"BASE": base}, {config.LABEL_CONTENT: tag.split(":")[1]})
+    # Older node images: removed unless a node still runs one (then `up` recreates it next).
+    for old in docker("images", "--format", "{{.Repository}}:{{.Tag}}", config.NODE_IMAGE_REPO).split():
+        if old != tag:
+            docker("rmi", old, check=False)
     return tag
 
 

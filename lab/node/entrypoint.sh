@@ -14,12 +14,21 @@ IFNAME=${LAB_FABRIC_IFNAME:-enp1s0f1np1}
 rm -f /run/lab-node-ready
 
 # 1. Emulated --privileged (LAB-NOTES "Nodes"): docker mounts /sys and the cgroup hierarchies
-#    read-only unless --privileged; the inner dockerd/runc need them writable.
-mount -o remount,rw /sys 2>/dev/null || log "warning: cannot remount /sys rw"
-if mountpoint -q /sys/fs/cgroup; then mount -o remount,rw /sys/fs/cgroup 2>/dev/null || true; fi
+#    read-only unless --privileged; the inner dockerd/runc need them writable. The cgroup v1
+#    hierarchies are read-only *bind* mounts of the node's own cgroup: a plain remount fails
+#    ("mount point is busy"), `remount,bind,rw` flips the bind's flag.
+remount_rw() {
+  mount -o remount,rw "$1" 2>/dev/null || mount -o remount,bind,rw "$1" 2>/dev/null \
+    || log "warning: cannot remount $1 rw"
+}
+remount_rw /sys
+if mountpoint -q /sys/fs/cgroup; then remount_rw /sys/fs/cgroup; fi
 for h in /sys/fs/cgroup/*; do
-  if mountpoint -q "$h"; then mount -o remount,rw "$h" 2>/dev/null || log "warning: cannot remount $h rw"; fi
+  if mountpoint -q "$h"; then remount_rw "$h"; fi
 done
+if [ -e /sys/fs/cgroup/cpuset ] && ! touch /sys/fs/cgroup/cpuset 2>/dev/null; then
+  log "warning: cgroups still read-only: inner containers will not start"
+fi
 
 # 2. Fabric interface: give the interface holding LAB_FABRIC_IP the Spark's RoCE name.
 if [ -n "${LAB_FABRIC_IP:-}" ]; then
