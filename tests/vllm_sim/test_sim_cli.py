@@ -8,7 +8,6 @@ import pytest
 pytest.importorskip("vllm_sim")
 from vllm_sim import BANNER  # noqa: E402
 from vllm_sim.cli import _non_default_args, build_parser, main  # noqa: E402
-
 from vsim_harness import clean_env, exe  # noqa: E402
 
 EXPECTED_BANNER = (
@@ -58,9 +57,19 @@ def test_version_is_labelled_as_the_simulator():
 def test_unknown_vllm_flags_are_accepted_not_fatal():
     parser = build_parser()
     args, extra = parser.parse_known_args(
-        ["serve", "Qwen/Qwen3.5-122B-A10B-FP8", "--tensor-parallel-size", "2",
-         "--max-model-len", "32768", "--gpu-memory-utilization", "0.9", "--enforce-eager",
-         "--distributed-executor-backend", "ray"]
+        [
+            "serve",
+            "Qwen/Qwen3.5-122B-A10B-FP8",
+            "--tensor-parallel-size",
+            "2",
+            "--max-model-len",
+            "32768",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--enforce-eager",
+            "--distributed-executor-backend",
+            "ray",
+        ]
     )
     assert args.model_tag == "Qwen/Qwen3.5-122B-A10B-FP8"
     assert args.tensor_parallel_size == 2

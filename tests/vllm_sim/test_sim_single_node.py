@@ -10,6 +10,7 @@ import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -45,30 +46,36 @@ def logs(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("serve-logs")
 
 
-class TestServesWhenIdentitiesAgree:
-    @pytest.fixture(scope="class")
-    def server(self, cluster: RayCluster, logs: Path):
-        s = start_serve(
-            cluster,
-            "Qwen/Qwen3.5-122B-A10B-FP8",
-            [
-                "--tensor-parallel-size", "1",
-                "--distributed-executor-backend", "ray",
-                "--served-model-name", SERVED,
-                "--max-model-len", "32768",
-                "--gpu-memory-utilization", "0.9",
-                "--enforce-eager",
-            ],
-            # spark-vllm passes the key only through the environment.
-            {"VLLM_HOST_IP": HEAD_IP, "VLLM_API_KEY": API_KEY},
-            logs,
-        )
-        try:
-            s.wait_ready()
-            yield s
-        finally:
-            s.stop()
+@pytest.fixture(scope="class")
+def server(cluster: RayCluster, logs: Path):
+    s = start_serve(
+        cluster,
+        "Qwen/Qwen3.5-122B-A10B-FP8",
+        [
+            "--tensor-parallel-size",
+            "1",
+            "--distributed-executor-backend",
+            "ray",
+            "--served-model-name",
+            SERVED,
+            "--max-model-len",
+            "32768",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--enforce-eager",
+        ],
+        # spark-vllm passes the key only through the environment.
+        {"VLLM_HOST_IP": HEAD_IP, "VLLM_API_KEY": API_KEY},
+        logs,
+    )
+    try:
+        s.wait_ready()
+        yield s
+    finally:
+        s.stop()
 
+
+class TestServesWhenIdentitiesAgree:
     def auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {API_KEY}"}
 
@@ -146,8 +153,11 @@ class TestServesWhenIdentitiesAgree:
     def test_second_engine_on_the_busy_node_finds_no_gpu(self, cluster, logs, server):
         # The running server holds the node's only GPU: vLLM refuses at once, it does not wait.
         second = start_serve(
-            cluster, "m", ["--distributed-executor-backend", "ray"],
-            {"VLLM_HOST_IP": HEAD_IP}, logs,
+            cluster,
+            "m",
+            ["--distributed-executor-backend", "ray"],
+            {"VLLM_HOST_IP": HEAD_IP},
+            logs,
         )
         try:
             assert second.wait_exit(60) == 1
@@ -173,8 +183,11 @@ def stuck_runs(cluster: RayCluster, logs: Path) -> dict[str, tuple[int, str, flo
         flags, ip = flags_ip
         started = time.monotonic()
         s = start_serve(
-            cluster, "m", [*flags, "--distributed-executor-backend", "ray"],
-            {"VLLM_HOST_IP": ip, "VLLM_SIM_PG_WAIT_TIMEOUT": str(PG_WAIT_S)}, logs,
+            cluster,
+            "m",
+            [*flags, "--distributed-executor-backend", "ray"],
+            {"VLLM_HOST_IP": ip, "VLLM_SIM_PG_WAIT_TIMEOUT": str(PG_WAIT_S)},
+            logs,
         )
         try:
             rc = s.wait_exit(PG_WAIT_S + 45)
@@ -183,7 +196,7 @@ def stuck_runs(cluster: RayCluster, logs: Path) -> dict[str, tuple[int, str, flo
         return rc, s.output(), time.monotonic() - started
 
     with ThreadPoolExecutor(len(cases)) as pool:
-        results = dict(zip(cases, pool.map(run, cases.values())))
+        results = dict(zip(cases, pool.map(run, cases.values()), strict=True))
     return results
 
 
@@ -216,7 +229,7 @@ def test_health_turns_503_when_a_rank_dies(cluster: RayCluster, logs: Path, stuc
     )
     try:
         s.wait_ready()
-        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        chat: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
         assert requests.post(f"{s.url}/v1/chat/completions", json=chat, timeout=10).ok
         ((_, _, pid),) = rank_lines(s.output())
         os.kill(pid, signal.SIGKILL)  # the rank actor this server started: a lost node

@@ -41,6 +41,13 @@ def exe(name: str) -> str:
     return found
 
 
+def _has_ray_client() -> bool:
+    # `ray start` refuses the client port flag without ray[client], and uses 10001 with it.
+    from ray._private.utils import get_ray_client_dependency_error
+
+    return get_ray_client_dependency_error() is None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -111,6 +118,9 @@ class RayCluster:
                 "--include-dashboard=false",
                 f"--dashboard-port={free_port()}",
             ]
+            if _has_ray_client():
+                # Else the head takes the fixed port 10001, which another cluster may hold.
+                args.append(f"--ray-client-server-port={free_port()}")
         else:
             args.append(f"--address={self.address}")
         # What the node's container would have: the raylet's env is what its workers see.

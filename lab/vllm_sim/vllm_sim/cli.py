@@ -1,0 +1,208 @@
+"""`vllm` / `vllm-sim` entry point: `vllm serve MODEL [flags]`, `vllm --version`, `--help`.
+
+Flags spark-vllm emits are parsed; any other vLLM flag is accepted and logged (it changes
+nothing in a simulator). The API key may come from --api-key or, as in vLLM, VLLM_API_KEY;
+its value is never logged.
+"""
+
+import argparse
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+from vllm_sim import BANNER, VLLM_VERSION
+from vllm_sim.logger import configure_logging, init_logger
+
+logger = init_logger(__name__)
+
+DEFAULT_PORT = 8000
+# Seconds of pretend weight loading; VLLM_SIM_LOAD_SECONDS overrides.
+DEFAULT_LOAD_SECONDS = 3.0
+_SECRET_ARGS = {"api_key"}
+
+
+class _BannerParser(argparse.ArgumentParser):
+    """Help whose first line says what this is, before argparse's usage line."""
+
+    def format_help(self) -> str:
+        return f"{BANNER}\n\n{super().format_help()}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _BannerParser(prog="vllm", description="vLLM CLI (simulated by vllm-sim).")
+    parser.add_argument("-v", "--version", action="version", version=VLLM_VERSION)
+    sub = parser.add_subparsers(dest="subcommand", parser_class=_BannerParser)
+    serve = sub.add_parser(
+        "serve",
+        help="Start the simulated OpenAI-compatible server (no inference).",
+        description="Simulate `vllm serve`: Ray placement and per-rank actors, canned answers.",
+    )
+    serve.add_argument("model_tag", nargs="?", default=None, help="Model name or path.")
+    serve.add_argument("--model", default=None, help="Same as the positional model_tag.")
+    serve.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    serve.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    serve.add_argument(
+        "--distributed-executor-backend",
+        default=None,
+        choices=["ray", "mp", "uni", "external_launcher"],
+    )
+    serve.add_argument("--host", default=None)
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT)
+    serve.add_argument("--served-model-name", nargs="+", default=None)
+    serve.add_argument("--api-key", default=None)
+    serve.add_argument("--max-model-len", type=int, default=None)
+    return parser
+
+
+def _non_default_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    defaults = vars(parser.parse_args(["serve"]))
+    shown = {}
+    for key, value in vars(args).items():
+        if key in ("subcommand",) or value == defaults.get(key):
+            continue
+        shown[key] = "<redacted>" if key in _SECRET_ARGS else value
+    return shown
+
+
+def _bind_server_socket(host: str | None, port: int) -> socket.socket:
+    # Bound before the engine starts, as vLLM does, so a taken port fails at once.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host or "", port))
+    return sock
+
+
+def _exit_on_sigterm(signum: int, _frame: Any) -> None:
+    # As PID 1 in a container the default SIGTERM action is ignored; exit like vLLM would.
+    raise SystemExit(128 + signum)
+
+
+def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    logger.warning("%s", BANNER)
+    logger.info("vLLM API server version %s", VLLM_VERSION)
+    logger.info("non-default args: %s", _non_default_args(args, parser))
+    if extra:
+        logger.info("Accepted vLLM arguments that the simulator does not act on: %s", extra)
+
+    model = args.model_tag or args.model
+    if not model:
+        parser.error("a model is required: vllm serve MODEL")
+    served_name = (args.served_model_name or [model])[0]
+    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
+    if api_key:
+        logger.info("API key authentication is enabled for /v1 endpoints.")
+
+    from vllm_sim.network_utils import get_ip
+    from vllm_sim.ray_utils import ParallelConfig
+
+    pc = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
+    backend = args.distributed_executor_backend
+    if backend is None:
+        # vLLM picks Ray when the world does not fit the local GPUs (one per Spark).
+        backend = "ray" if pc.world_size > 1 else "uni"
+        logger.info("Defaulting to distributed executor backend %r.", backend)
+    if backend != "ray" and pc.world_size > 1:
+        logger.error(
+            "vllm-sim simulates only the Ray executor across nodes; backend %r with "
+            "world_size=%d would need %d GPUs on this node, which has 1.",
+            backend,
+            pc.world_size,
+            pc.world_size,
+        )
+        return 1
+
+    try:
+        sock = _bind_server_socket(args.host, args.port)
+    except OSError as exc:
+        logger.error("Cannot bind %s:%d: %s", args.host or "0.0.0.0", args.port, exc)
+        return 1
+
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    executor = None
+    rank_ips = [get_ip()]
+    if backend == "ray":
+        import ray
+
+        from vllm_sim.ray_executor import init_workers_ray
+        from vllm_sim.ray_utils import initialize_ray_cluster
+
+        logger.info(
+            "Initializing a V1 LLM engine with config: model=%r, tensor_parallel_size=%d, "
+            "pipeline_parallel_size=%d, distributed_executor_backend=ray",
+            model,
+            pc.tensor_parallel_size,
+            pc.pipeline_parallel_size,
+        )
+        try:
+            pg = initialize_ray_cluster(pc)
+            executor = init_workers_ray(pg, pc.world_size)
+        except Exception:
+            logger.exception("EngineCore failed to start.")
+            if ray.is_initialized():
+                ray.shutdown()
+            return 1
+        rank_ips = [r.ray_node_ip for r in executor.ranks]
+
+    load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", DEFAULT_LOAD_SECONDS))
+    logger.info("Loading weights (simulated)... %s", model)
+    t0 = time.time()
+    time.sleep(load_s)
+    logger.info("Model loading took 0.0000 GiB and %.2f seconds (simulated)", time.time() - t0)
+
+    return _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor)
+
+
+def _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor) -> int:  # type: ignore[no-untyped-def]
+    import uvicorn
+
+    from vllm_sim.api_server import ServerState, build_app
+
+    state = ServerState(
+        served_model_name=served_name,
+        model=model,
+        tensor_parallel_size=pc.tensor_parallel_size,
+        pipeline_parallel_size=pc.pipeline_parallel_size,
+        rank_ips=rank_ips,
+        max_model_len=args.max_model_len,
+        api_key=api_key,
+        check_health=executor.check_health if executor else (lambda: True),
+    )
+    app = build_app(state)
+    shown_host = args.host or "0.0.0.0"
+    logger.info("Starting vLLM API server 0 on http://%s:%d", shown_host, args.port)
+    logger.info("Available routes are:")
+    for route in app.routes:
+        methods = getattr(route, "methods", None)
+        if methods and not route.path.startswith(("/docs", "/openapi", "/redoc")):
+            logger.info("Route: %s, Methods: %s", route.path, ", ".join(sorted(methods)))
+    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    try:
+        asyncio.run(server.serve(sockets=[sock]))
+    finally:
+        logger.info("Shutting down Ray distributed executor (simulated).")
+        if executor is not None:
+            import ray
+
+            ray.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    configure_logging()
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.subcommand != "serve":
+        if extra:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        parser.print_help()
+        return 0
+    return serve(args, extra, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
