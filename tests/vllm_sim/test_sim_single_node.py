@@ -126,6 +126,23 @@ class TestServesWhenIdentitiesAgree:
         usage = body["usage"]
         assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"] > 0
 
+    def test_streamed_chat_is_sse_ending_in_done(self, server: Serve):
+        r = requests.post(
+            f"{server.url}/v1/chat/completions",
+            headers=self.auth(),
+            json={
+                "model": SERVED,
+                "stream": True,
+                "messages": [{"role": "user", "content": "stream it"}],
+            },
+            timeout=10,
+        )
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line for line in r.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]"
+        assert "you said: stream it" in r.text
+
     def test_unknown_model_is_404_like_vllm(self, server: Serve):
         r = requests.post(
             f"{server.url}/v1/chat/completions",
