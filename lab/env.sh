@@ -9,8 +9,11 @@
 #   PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 # and exports SPARK_VLLM_ENGINE:
 #   complete  CLI + pulumi-language-python + pulumi-resource-command: `pulumi up` on the project
-#   partial   CLI only (lab/tools.sh could not get the others): Automation API inline programs
-#             whose resources need no provider; callers needing more should skip with a reason
+#   partial   CLI (+ the Python scripts from sdk/v3) only: lab/tools.sh could not get the language
+#             host or the command provider. Automation API inline programs still run, with
+#             resources that need no provider plugin or Python dynamic providers (set
+#             PULUMI_RUNTIME_VIRTUALENV to the venv for those); callers needing more should skip
+#             with a reason
 # With SPARK_VLLM_TOOLS_PARTIAL=0 a partial engine is an error instead (return 1).
 # Safe under `set -euo pipefail`; returns non-zero (never exits the caller's shell) on failure.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Make the real Pulumi engine available offline: the CLI, the Python language host and the
-# command provider, built from the Go module proxy at versions matching requirements.txt, and
+# Make the real Pulumi engine available offline: the CLI, the Python language host (with the
+# pulumi-language-python-exec and pulumi-resource-pulumi-python scripts) and the command provider, built from the Go module proxy at versions matching requirements.txt, and
 # cached outside the repo so that a second run takes well under a second.
 #
 #   BIN=$(lab/tools.sh | tail -1)      # progress goes to stderr, the bin dir is the last stdout line
@@ -127,7 +127,7 @@ CACHE_ROOT=${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain
 KEY="pulumi-v$CLI_VERSION-command-v$CMD_VERSION"
 FINAL="$CACHE_ROOT/$KEY"
 PARTIAL="$CACHE_ROOT/$KEY.partial"
-NAMES=(pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-command)
+NAMES=(pulumi pulumi-language-python pulumi-language-python-exec pulumi-resource-pulumi-python pulumi-resource-command)
 
 complete_in() { local n; for n in "${NAMES[@]}"; do [[ -x "$1/bin/$n" ]] || return 1; done; }
 
@@ -219,16 +219,20 @@ if [[ ! -x "$PARTIAL/bin/pulumi" ]]; then
     log "pulumi CLI v$CLI_VERSION built in $(( $(now) - t0 ))s"
 fi
 
-# --- the Python language host (+ its exec script from sdk/v3) --------------------------------
-if [[ ! -x "$PARTIAL/bin/pulumi-language-python-exec" ]]; then
+# --- the Python language host (+ the scripts that ship beside it, from sdk/v3) ---------------
+# pulumi-language-python-exec runs the program; pulumi-resource-pulumi-python serves Python
+# dynamic providers (it runs ${PULUMI_RUNTIME_VIRTUALENV}/bin/python, else python3, -m pulumi.dynamic).
+if [[ ! -x "$PARTIAL/bin/pulumi-language-python-exec" || ! -x "$PARTIAL/bin/pulumi-resource-pulumi-python" ]]; then
     t0=$(now)
     sdkdir=$(mod_field "github.com/pulumi/pulumi/sdk/v3@v$CLI_VERSION" Dir) ||
         die "sdk/v3 v$CLI_VERSION not served"
-    tmp="$PARTIAL/bin/.pulumi-language-python-exec.tmp.$$"
-    cp "$sdkdir/python/cmd/pulumi-language-python-exec" "$tmp"
-    chmod 0755 "$tmp"
-    mv -f "$tmp" "$PARTIAL/bin/pulumi-language-python-exec"
-    log "pulumi-language-python-exec copied from sdk/v3 v$CLI_VERSION in $(( $(now) - t0 ))s"
+    for src in python/cmd/pulumi-language-python-exec python/dist/pulumi-resource-pulumi-python; do
+        tmp="$PARTIAL/bin/.$(basename "$src").tmp.$$"
+        cp "$sdkdir/$src" "$tmp"
+        chmod 0755 "$tmp"
+        mv -f "$tmp" "$PARTIAL/bin/$(basename "$src")"
+    done
+    log "pulumi-language-python-exec, pulumi-resource-pulumi-python copied from sdk/v3 v$CLI_VERSION in $(( $(now) - t0 ))s"
 fi
 if [[ ! -x "$PARTIAL/bin/pulumi-language-python" ]]; then
     if [[ -z $LANG_PY_VERSION ]]; then
@@ -278,10 +282,11 @@ if [[ ! -x "$PARTIAL/bin/pulumi-resource-command" ]]; then
     fi
 fi
 
+have() { [[ -x "$PARTIAL/bin/$1" ]] && echo "$2" || echo unavailable; }
 cat >"$PARTIAL/bin/VERSIONS" <<EOF
 pulumi=v$CLI_VERSION
-pulumi-language-python=${LANG_PY_VERSION:-unavailable}
-pulumi-resource-command=v$CMD_VERSION
+pulumi-language-python=$(have pulumi-language-python "${LANG_PY_VERSION:-unknown}")
+pulumi-resource-command=$(have pulumi-resource-command "v$CMD_VERSION")
 python-sdk-pin=$SDK_VERSION
 EOF
 
