@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make the real Pulumi engine available offline: the CLI, the Python language host (with the
-# pulumi-language-python-exec and pulumi-resource-pulumi-python scripts) and the command provider, built from the Go module proxy at versions matching requirements.txt, and
-# cached outside the repo so that a second run takes well under a second.
+# pulumi-language-python-exec and pulumi-resource-pulumi-python scripts) and the command
+# provider, built from the Go module proxy at versions matching requirements.txt, and cached
+# outside the repo so that a second run takes well under a second.
 #
 #   BIN=$(lab/tools.sh | tail -1)      # progress goes to stderr, the bin dir is the last stdout line
 #
