@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,8 @@ from typing import Any
 
 from lab import config, images, keys, stackfile
 from lab.config import NodeAddrs
-from lab.fabric import block_fabric, unblock_fabric  # noqa: F401  (re-export)
+from lab.fabric import block_fabric as block_fabric  # re-export
+from lab.fabric import unblock_fabric as unblock_fabric
 from lab.run import DOCKER_ENV, LabError, Progress, docker, docker_ok, run
 
 
@@ -390,7 +392,8 @@ def find_node(ref: str) -> NodeAddrs:
     raise LabError(f"no lab node {ref!r} (see `python -m lab status`)")
 
 
-def ssh_argv(node: str, remote: list[str] | str = (), tty: bool | None = False) -> list[str]:  # type: ignore[assignment]
+def ssh_argv(node: str, remote: Sequence[str] | str = (), tty: bool | None = False) -> list[str]:
+    """ssh argv for a lab node (see keys.ssh_argv for how `remote` is quoted)."""
     return keys.ssh_argv(find_node(node).mgmt_ip, remote, tty=tty)
 
 

@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from contextlib import contextmanager
+from pathlib import Path
 from typing import IO
 
 # Legacy builder, explicitly: the host's docker CLI may be newer than Debian's daemon and

@@ -59,7 +59,9 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
         f"{NS}:dockerGpus": "none",
         f"{NS}:checkGpu": False,
     }
-    old_cfg = previous.get("config") if isinstance(previous.get("config"), dict) else {}
+    old_cfg = previous.get("config")
+    if not isinstance(old_cfg, dict):
+        old_cfg = {}
     for key in PRESERVED_SECRETS:
         val = old_cfg.get(f"{NS}:{key}")
         if isinstance(val, dict) and "secure" in val:
@@ -68,7 +70,8 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
     if "encryptionsalt" in previous:
         doc["encryptionsalt"] = previous["encryptionsalt"]
     doc["config"] = cfg
-    return HEADER + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)
+    body: str = yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=1000)
+    return HEADER + body
 
 
 def write(stack: str, nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp: int) -> Path:

@@ -71,10 +71,12 @@ stop() {
 }
 trap stop TERM INT
 
-for i in $(seq 1 600); do
+t0=$(date +%s%N)
+for _ in $(seq 1 600); do
   if docker info >/dev/null 2>&1 && timeout 1 bash -c '</dev/tcp/127.0.0.1/22' 2>/dev/null; then
     touch /run/lab-node-ready
-    log "ready (sshd + dockerd) after $((i / 10)).$((i % 10))s"
+    ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    log "ready (sshd + dockerd) after ${ms} ms"
     break
   fi
   if ! kill -0 "$dockerd_pid" 2>/dev/null; then
@@ -82,7 +84,7 @@ for i in $(seq 1 600); do
   fi
   sleep 0.1
 done
-[ -f /run/lab-node-ready ] || { log "error: not ready after 60s"; tail -n 30 /var/log/dockerd.log; exit 1; }
+[ -f /run/lab-node-ready ] || { log "error: not ready after 600 tries"; tail -n 30 /var/log/dockerd.log; exit 1; }
 
 # 5. Stay up (tini reaps orphans); wake on TERM.
 sleep infinity &
