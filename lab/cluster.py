@@ -130,6 +130,7 @@ def _labels(n: NodeAddrs) -> dict[str, str]:
         "spark-vllm-lab.fabric-ip": n.fabric_ip,
         "spark-vllm-lab.spare-ip": n.spare_ip,
         "spark-vllm-lab.docker-bip": n.docker_bip,
+        "spark-vllm-lab.keys": keys.fingerprint(n.name),
     }
 
 
@@ -147,7 +148,6 @@ def create_node_argv(n: NodeAddrs, image: str) -> list[str]:
         # The inner overlay2 needs a non-overlay /var/lib/docker; a named volume also keeps
         # loaded images across lab restarts.
         "-v", f"{config.volume_name(n.index)}:/var/lib/docker",
-        "-v", f"{keys.node_dir(n.name)}:/lab/ssh:ro",
         "-e", f"LAB_FABRIC_IP={n.fabric_ip}",
         "-e", f"LAB_FABRIC_SPARE_IP={n.spare_ip}",
         "-e", f"LAB_FABRIC_IFNAME={config.FABRIC_IFNAME}",
@@ -189,6 +189,7 @@ def start_node(n: NodeAddrs, image: str) -> str:
     if state is None:
         docker("volume", "create", "--label", f"{config.LABEL}=1", config.volume_name(n.index))
         run(create_node_argv(n, image))
+        docker("cp", f"{keys.node_dir(n.name)}/.", f"{n.container}:/lab/ssh")
         docker("network", "connect", "--ip", n.fabric_ip, config.FABRIC_NET, n.container)
         docker("start", n.container)
         return action

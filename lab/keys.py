@@ -1,8 +1,8 @@
 """SSH material of the lab, under <repo>/.lab/ssh/ (gitignored).
 
 - id_ed25519{,.pub}      the operator's key (root on every node)
-- nodes/<name>/          per node: ssh_host_ed25519_key{,.pub} and authorized_keys, mounted
-                         read-only into the node at /lab/ssh
+- nodes/<name>/          per node: ssh_host_ed25519_key{,.pub} and authorized_keys, copied
+                         into the node at /lab/ssh before its first start
 - known_hosts            pinned host keys of every node (mgmt, fabric and spare addresses)
 - config                 `ssh -F .lab/ssh/config node-1` works for humans and rsync
 
@@ -11,6 +11,7 @@ Keys are kept across `down`/`up`, so pinned host keys (and Pulumi state) stay va
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -69,6 +70,14 @@ def ensure_node_keys(name: str) -> str:
     if not auth.exists() or auth.read_text() != want:
         auth.write_text(want)
     return public_key(host_key)
+
+
+def fingerprint(name: str) -> str:
+    """Short hash of what a node trusts and presents: a node made with other keys (another
+    clone of the repo, a deleted .lab/) is recreated rather than left unreachable."""
+    d = node_dir(name)
+    data = (d / "authorized_keys").read_bytes() + Path(f"{d / 'ssh_host_ed25519_key'}.pub").read_bytes()
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def write_client_files(nodes: Iterable[NodeAddrs]) -> None:

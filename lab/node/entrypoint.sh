@@ -5,7 +5,8 @@
 #   LAB_FABRIC_IFNAME    name to give that interface (default enp1s0f1np1, the Spark's RoCE port)
 #   LAB_FABRIC_SPARE_IP  extra address on the same interface (tests that move a node's identity)
 #   LAB_DOCKER_BIP       --bip of the inner dockerd, distinct per node (e.g. 172.31.1.1/24)
-# Mounted: /lab/ssh/{ssh_host_ed25519_key,authorized_keys}
+# Copied in before the first start (`docker cp`, no bind mount: the lab must not depend on
+# the path of the repo that made it): /lab/ssh/{ssh_host_ed25519_key,authorized_keys}
 # Writes /run/lab-node-ready when sshd and dockerd both answer.
 set -euo pipefail
 log() { echo "lab-node: $*"; }
