@@ -1,0 +1,53 @@
+"""Integration fixtures: one lab (2 nodes) shared by the lifecycle scenarios, torn down at the
+end whatever happened, so a failing scenario never leaves containers behind."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+
+import pytest
+
+from lab import cluster
+from tests.integration.engine import Lab
+
+pytestmark = pytest.mark.integration
+
+API_KEY = "sk-itest-" + secrets.token_hex(8)
+
+
+def _teardown(lab: Lab | None) -> None:
+    if lab is not None and cluster.info().nodes:
+        run = lab.destroy()
+        if run.error:  # the nodes are gone or broken: forget the state, the lab goes anyway
+            lab.stack.workspace.remove_stack(lab.stack.name, force=True)
+    cluster.down(quiet=True)
+
+
+def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20) -> Lab:
+    cluster.up(cluster.UpOptions(nodes=nodes, tp=tp, pp=pp, quiet=True))
+    lab = Lab()
+    lab.set_secrets(API_KEY)
+    lab.set("rayTimeout", ray_timeout)
+    lab.set("vllmTimeout", 120)
+    return lab
+
+
+@pytest.fixture(scope="module")
+def lab2() -> Iterator[Lab]:
+    lab = None
+    try:
+        lab = start_lab(2)
+        yield lab
+    finally:
+        _teardown(lab)
+
+
+@pytest.fixture(scope="module")
+def lab4() -> Iterator[Lab]:
+    lab = None
+    try:
+        lab = start_lab(4, tp=2, pp=2)
+        yield lab
+    finally:
+        _teardown(lab)

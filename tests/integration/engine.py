@@ -1,0 +1,210 @@
+"""Drive the real Pulumi engine (Automation API, local file backend) against the lab, and read
+back what really happened on the nodes (docker over SSH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pulumi import automation as auto
+
+from lab import cluster, keys
+
+REPO = Path(__file__).resolve().parents[2]
+STACK = "lab"
+LOG_DIR = REPO / ".lab" / "logs"
+
+
+def engine_env() -> dict[str, str]:
+    """The same environment `source lab/env.sh` gives a user (engine on PATH, file backend)."""
+    out = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null && env -0"], cwd=REPO,
+                         capture_output=True, check=True).stdout.decode()
+    env = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+    keep = ("PATH", "PULUMI_")
+    return {k: v for k, v in env.items() if k.startswith(keep)}
+
+
+@dataclass
+class Step:
+    op: str  # create, delete, same, replace, create-replacement, delete-replaced, …
+    name: str  # the resource's name (last URN segment)
+    phase: str  # "pre" (step started), "done", "failed"
+    t: float
+
+
+@dataclass
+class Run:
+    steps: list[Step] = field(default_factory=list)
+    output: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    error: str | None = None
+
+    def ops(self, phase: str = "pre") -> list[tuple[str, str]]:
+        return [(s.op, s.name) for s in self.steps if s.phase == phase]
+
+    def changed(self) -> dict[str, str]:
+        return {s.name: s.op for s in self.steps if s.phase == "pre" and s.op != "same"}
+
+
+def _recorder(run: Run) -> Any:
+    def on_event(ev: auto.EngineEvent) -> None:
+        for phase, e in (("pre", ev.resource_pre_event), ("done", ev.res_outputs_event),
+                         ("failed", ev.res_op_failed_event)):
+            if e is not None:
+                md = e.metadata
+                run.steps.append(Step(md.op.value, md.urn.split("::")[-1], phase,
+                                      time.monotonic()))
+    return on_event
+
+
+class Lab:
+    """One stack on the lab, its config, and the nodes behind it."""
+
+    def __init__(self) -> None:
+        os.environ.update(engine_env())
+        LOG_DIR.mkdir(parents=True, exist_ok=True)
+        self.stack = auto.create_or_select_stack(
+            stack_name=STACK, work_dir=str(REPO),
+            opts=auto.LocalWorkspaceOptions(env_vars=engine_env()))
+
+    # --- config ---------------------------------------------------------------------------
+    def set_secrets(self, api_key: str) -> None:
+        self.stack.set_config("spark-vllm:sshPrivateKey",
+                              auto.ConfigValue(keys.client_key().read_text(), secret=True))
+        self.stack.set_config("spark-vllm:apiKey", auto.ConfigValue(api_key, secret=True))
+
+    def set(self, key: str, value: Any, path: bool = False) -> None:
+        text = value if isinstance(value, str) else json.dumps(value)
+        self.stack.set_config(f"spark-vllm:{key}", auto.ConfigValue(text), path=path)
+
+    def get(self, key: str) -> Any:
+        value = self.stack.get_all_config()[f"spark-vllm:{key}"].value
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+
+    # --- engine -----------------------------------------------------------------------------
+    def _run(self, verb: str, **kw: Any) -> Run:
+        run = Run()
+        log = (LOG_DIR / f"{verb}.log").open("a")
+        log.write(f"\n===== {verb} {time.strftime('%T')}\n")
+
+        def on_output(line: str) -> None:
+            run.output.append(line)
+            log.write(line + "\n")
+            log.flush()
+
+        start = time.monotonic()
+        try:
+            getattr(self.stack, verb)(on_event=_recorder(run), on_output=on_output, **kw)
+        except auto.CommandError as err:
+            run.error = str(err)
+        finally:
+            run.seconds = time.monotonic() - start
+            log.close()
+        return run
+
+    def up(self) -> Run:
+        return self._run("up")
+
+    def preview(self) -> Run:
+        return self._run("preview", diff=True)
+
+    def destroy(self) -> Run:
+        return self._run("destroy")
+
+    def outputs(self) -> dict[str, Any]:
+        return {k: v.value for k, v in self.stack.outputs().items()}
+
+    def state_resources(self) -> list[dict[str, Any]]:
+        return self.stack.export_stack().deployment.get("resources", []) or []
+
+
+# --- the nodes ----------------------------------------------------------------------------
+
+def node_sh(node: str, command: str, check: bool = True, timeout: float = 60) -> str:
+    proc = subprocess.run(cluster.ssh_argv(node, command), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{node}: {command!r} failed: {proc.stderr}")
+    return proc.stdout
+
+
+@dataclass(frozen=True)
+class Container:
+    node: str
+    id: str
+    name: str
+    role: str
+    identity: str
+    started: str
+    running: bool
+
+
+def containers(nodes: list[str]) -> list[Container]:
+    """Every container of the stack on the nodes, with its start time (from docker itself)."""
+    out = []
+    fmt = ('{{.Id}}|{{.Name}}|{{index .Config.Labels "spark-vllm.role"}}|'
+           '{{index .Config.Labels "spark-vllm.identity"}}|{{.State.StartedAt}}|{{.State.Running}}')
+    for node in nodes:
+        ids = node_sh(node, f"docker ps -aq --no-trunc --filter label=spark-vllm.stack={STACK}")
+        if not ids.split():
+            continue
+        text = node_sh(node, f"docker inspect --format '{fmt}' {' '.join(ids.split())}")
+        for line in text.splitlines():
+            cid, name, role, ident, started, running = line.split("|")
+            out.append(Container(node, cid, name.lstrip("/"), role, ident, started,
+                                 running == "true"))
+    return out
+
+
+@dataclass(frozen=True)
+class DockerEvent:
+    node: str
+    t_ns: int
+    action: str
+    id: str
+    name: str
+    role: str
+
+
+def docker_events(nodes: list[str], since: float, until: float) -> list[DockerEvent]:
+    """Container events of the stack on every node between two host times (same kernel clock)."""
+    out = []
+    for node in nodes:
+        text = node_sh(node, f"docker events --since {since:.3f} --until {until:.3f} "
+                             f"--filter type=container --filter label=spark-vllm.stack={STACK} "
+                             "--format '{{json .}}'")
+        for line in text.splitlines():
+            ev = json.loads(line)
+            attrs = ev.get("Actor", {}).get("Attributes", {})
+            out.append(DockerEvent(node, int(ev["timeNano"]), ev.get("Action", ev.get("status")),
+                                   ev["id"], attrs.get("name", ""),
+                                   attrs.get("spark-vllm.role", "")))
+    return sorted(out, key=lambda e: e.t_ns)
+
+
+def ray_nodes(head_node: str) -> list[dict[str, Any]]:
+    """Ray's own node table, read on the head (alive nodes only)."""
+    script = ("import json, ray; ray.init(address='auto', logging_level='ERROR', "
+              "log_to_driver=False); print(json.dumps([{'ip': n['NodeManagerAddress'], "
+              "'gpus': n['Resources'].get('GPU', 0)} for n in ray.nodes() if n['Alive']]))")
+    text = node_sh(head_node, f"docker exec spark-vllm-{STACK}-ray-head python3 -c \"{script}\"")
+    return sorted(json.loads(text.strip().splitlines()[-1]), key=lambda n: n["ip"])
+
+
+def chat(endpoint: str, model: str, api_key: str, text: str = "hello") -> str:
+    import urllib.request
+
+    body = json.dumps({"model": model, "max_tokens": 16,
+                       "messages": [{"role": "user", "content": text}]}).encode()
+    req = urllib.request.Request(f"{endpoint}/chat/completions", data=body, headers={
+        "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        return json.load(resp)["choices"][0]["message"]["content"]

@@ -1,0 +1,193 @@
+"""The lifecycle on the real engine against a 2-node lab, in order: fresh up, no-op, env change,
+identity change, vLLM-only change, destroy, fail-fast (preflight, gate). Each scenario asserts
+on the engine's step events and on what docker and Ray on the nodes say."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lab import cluster
+from tests.integration.conftest import API_KEY
+from tests.integration.engine import (STACK, Lab, Run, chat, containers, docker_events,
+                                      node_sh, ray_nodes)
+
+pytestmark = pytest.mark.integration
+
+NODES = ["node-1", "node-2"]
+CHAIN = ["vllm-serve", "ray-gate", "ray-worker-node-2", "ray-head"]  # deepest first
+RAY_ROLES = ("ray-head", "ray-worker")
+
+
+def ok(run: Run) -> Run:
+    assert run.error is None, run.error[-3000:]
+    return run
+
+
+def assert_serving(lab: Lab, identities: dict[str, str]) -> None:
+    out = lab.outputs()
+    assert out["identityIps"] == identities
+    seen = ray_nodes("node-1")
+    assert seen == sorted(({"ip": ip, "gpus": 1.0} for ip in identities.values()),
+                          key=lambda n: n["ip"])
+    reply = chat(out["endpoint"], out["servedModelName"], API_KEY)
+    # vllm-sim names the node of every rank: one rank per node, on its identity
+    for ip in identities.values():
+        assert ip in reply, reply
+
+
+def lab_identities() -> dict[str, str]:
+    return {n.name: n.fabric_ip for n in cluster.info().nodes}
+
+
+def assert_ordered_replacement(run: Run, before: list, since: float, until: float,
+                               chain: list[str]) -> None:
+    deletes = [name for op, name in run.ops("done") if op == "delete-replaced"]
+    creates = [name for op, name in run.ops("done") if op == "create-replacement"]
+    assert [n for n in deletes if n in chain] == chain, run.ops("done")
+    assert [n for n in creates if n in chain] == list(reversed(chain)), run.ops("done")
+    last_delete = max(s.t for s in run.steps if s.phase == "done" and s.op == "delete-replaced")
+    first_create = min(s.t for s in run.steps if s.phase == "pre" and s.op == "create-replacement")
+    assert last_delete <= first_create
+    # On the nodes: every old Ray container is destroyed before any new one starts, on every
+    # node (docker's own event times: one kernel clock for all lab nodes).
+    events = docker_events(NODES, since, until)
+    old_ids = {c.id for c in before if c.role in RAY_ROLES}
+    gone = [e.t_ns for e in events if e.id in old_ids and e.action == "destroy"]
+    started = [e.t_ns for e in events if e.action == "start" and e.role in RAY_ROLES]
+    assert len(gone) == len(old_ids) and started, events
+    assert max(gone) < min(started), events
+
+
+def test_1_fresh_up(lab2: Lab) -> None:
+    run = ok(lab2.up())
+    created = {name for op, name in run.ops() if op == "create"}
+    assert {"node-1-preflight", "node-2-preflight", "ray-head", "ray-worker-node-2",
+            "ray-gate", "vllm-serve"} <= created
+    assert_serving(lab2, lab_identities())
+    now = containers(NODES)
+    assert sorted((c.node, c.role) for c in now if c.running) == [
+        ("node-1", "ray-head"), ("node-1", "vllm"), ("node-2", "ray-worker")]
+    ids = lab2.outputs()["containerIds"]
+    assert {c.id for c in now} == set(ids.values())
+    print(f"fresh up: {run.seconds:.1f} s")
+
+
+def test_2_noop_up_runs_nothing(lab2: Lab) -> None:
+    before = containers(NODES)
+    since = time.time()
+    run = ok(lab2.up())
+    assert run.changed() == {}
+    assert containers(NODES) == before  # same ids, same start times
+    assert docker_events(NODES, since, time.time()) == []
+    print(f"no-op up: {run.seconds:.1f} s")
+
+
+def test_3_env_change_replaces_the_chain_in_order(lab2: Lab) -> None:
+    lab2.set("env", {"NCCL_DEBUG": "INFO"})
+    preview = ok(lab2.preview())
+    assert set(preview.changed()) == set(CHAIN), preview.changed()
+    before = containers(NODES)
+    since = time.time()
+    run = ok(lab2.up())
+    until = time.time()
+    assert set(run.changed()) == set(CHAIN)
+    assert_ordered_replacement(run, before, since, until, CHAIN)
+    after = containers(NODES)
+    assert not {c.id for c in before} & {c.id for c in after}
+    assert_serving(lab2, lab_identities())
+    print("env change step order:", [f"{op}:{name}" for op, name in run.ops("done")
+                                     if op != "same"])
+    print(f"env change: {run.seconds:.1f} s")
+
+
+def test_4_identity_change_moves_the_head(lab2: Lab) -> None:
+    head = cluster.find_node("node-1")
+    nodes = lab2.get("nodes")
+    nodes[0]["fabricIp"] = head.spare_ip
+    lab2.set("nodes", nodes)
+    before = containers(NODES)
+    since = time.time()
+    run = ok(lab2.up())
+    until = time.time()
+    assert set(run.changed()) == {*CHAIN, "node-1-preflight"}
+    assert_ordered_replacement(run, before, since, until, CHAIN)
+    identities = {**lab_identities(), "node-1": head.spare_ip}
+    assert_serving(lab2, identities)
+    after = containers(NODES)
+    assert all(c.identity != head.fabric_ip for c in after)
+    assert {c.identity for c in after if c.node == "node-1"} == {head.spare_ip}
+
+
+def test_5_vllm_only_change_keeps_ray(lab2: Lab) -> None:
+    lab2.set("vllmArgs", ["--max-model-len", "4096"])
+    before = containers(NODES)
+    run = ok(lab2.up())
+    assert run.changed() == {"vllm-serve": "replace"}
+    after = containers(NODES)
+    ray_before = {c.id: c.started for c in before if c.role in RAY_ROLES}
+    ray_after = {c.id: c.started for c in after if c.role in RAY_ROLES}
+    assert ray_before == ray_after
+    vllm_before = [c.id for c in before if c.role == "vllm"]
+    vllm_after = [c.id for c in after if c.role == "vllm"]
+    assert vllm_before != vllm_after and len(vllm_after) == 1
+    assert "--max-model-len 4096" in node_sh(
+        "node-1", f"docker inspect --format '{{{{join .Args \" \"}}}}' {vllm_after[0]}")
+
+
+def assert_nothing_on_nodes() -> None:
+    assert containers(NODES) == []
+    for node in NODES:
+        assert node_sh(node, f"ls -A ~/.spark-vllm/{STACK} 2>/dev/null || true").strip() == ""
+        procs = node_sh(node, "pgrep -af 'raylet|gcs_server|vllm' || true").strip()
+        assert procs == "", procs
+
+
+def test_6_destroy_leaves_nothing(lab2: Lab) -> None:
+    run = ok(lab2.destroy())
+    assert {name for op, name in run.ops("done") if op == "delete"} >= set(CHAIN)
+    assert_nothing_on_nodes()
+    assert [r for r in lab2.state_resources() if r["type"] != "pulumi:pulumi:Stack"] == []
+    again = ok(lab2.destroy())
+    assert again.changed() == {}
+
+
+def test_7a_preflight_refuses_a_wrong_fabric_ip(lab2: Lab) -> None:
+    node2 = cluster.find_node("node-2")
+    nodes = lab2.get("nodes")
+    nodes[1]["fabricIp"] = "192.168.231.222"
+    lab2.set("nodes", nodes)
+    run = lab2.up()
+    assert run.error is not None
+    text = run.error
+    assert "node-2" in text and "fabricIp 192.168.231.222 is not on enp1s0f1np1" in text
+    assert node2.fabric_ip in text  # the address actually there
+    assert containers(NODES) == []  # refused before any container started
+    nodes[1]["fabricIp"] = node2.fabric_ip
+    lab2.set("nodes", nodes)
+    ok(lab2.up())
+    assert_serving(lab2, {"node-1": lab2.get("nodes")[0]["fabricIp"], "node-2": node2.fabric_ip})
+
+
+def test_7b_gate_fails_fast_when_a_worker_cannot_join(lab2: Lab) -> None:
+    ok(lab2.destroy())
+    cluster.block_fabric("node-1", "node-2")
+    try:
+        run = lab2.up()
+        assert run.error is not None
+        gate = [s for s in run.steps if s.name == "ray-gate"]
+        started = min(s.t for s in gate if s.phase == "pre")
+        failed = max(s.t for s in gate if s.phase == "failed")
+        bound = lab2.get("rayTimeout")
+        assert failed - started < bound + 15, f"gate took {failed - started:.1f} s"
+        assert "Ray's node table does not match the spec" in run.error
+        assert "node-2" in run.error and "MISSING" in run.error
+        assert not any(s.name == "vllm-serve" for s in run.steps if s.phase == "pre")
+        print(f"gate reported the missing worker after {failed - started:.1f} s "
+              f"(bound {bound} s; vLLM would wait 1800 s)")
+    finally:
+        cluster.unblock_fabric("node-1", "node-2")
+    ok(lab2.up())
+    nodes = lab2.get("nodes")
+    assert_serving(lab2, {n["name"]: n["fabricIp"] for n in nodes})
