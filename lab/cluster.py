@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import config, images, keys, stackfile
+from lab import config, egress, images, keys, stackfile
 from lab.config import NodeAddrs
 from lab.fabric import block_fabric as block_fabric  # re-export
 from lab.fabric import unblock_fabric as unblock_fabric
@@ -302,6 +302,7 @@ def up(opts: UpOptions = UpOptions()) -> LabInfo:
     with p.step("networks"):
         ensure_network(config.MGMT_NET, opts.mgmt_subnet, internal=False)
         ensure_network(config.FABRIC_NET, opts.fabric_subnet, internal=True)
+        egress.block(opts.mgmt_subnet)
     with p.step("ssh keys"):
         host_keys = {n.name: keys.ensure_node_keys(n.name) for n in nodes}
         keys.write_client_files(nodes)
@@ -346,6 +347,7 @@ def down(keep_volumes: bool = False, quiet: bool = False) -> dict[str, float]:
         nets = docker("network", "ls", "-q", "--filter", flt).split()
         if nets:
             docker("network", "rm", *nets)
+        egress.unblock_all()
     if not keep_volumes:
         # Each volume holds a node's /var/lib/docker (Ray's many small files): deleting them
         # one after the other is the slow part of `down`.
