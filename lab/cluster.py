@@ -20,7 +20,7 @@ from lab import config, egress, images, keys, stackfile
 from lab.config import NodeAddrs
 from lab.fabric import block_fabric as block_fabric  # re-export
 from lab.fabric import unblock_fabric as unblock_fabric
-from lab.run import DOCKER_ENV, LabError, Progress, docker, docker_ok, run
+from lab.run import DOCKER_ENV, LabError, Progress, docker, docker_ok, exclusive, run
 
 
 @dataclass(frozen=True)
@@ -292,6 +292,16 @@ def up(opts: UpOptions = UpOptions()) -> LabInfo:
     if not 1 <= opts.nodes <= config.MAX_NODES:
         raise LabError(f"--nodes must be within 1..{config.MAX_NODES}")
     p = Progress(quiet=opts.quiet)
+    with exclusive(_lock_file(), "up/down", p):
+        return _up(opts, p)
+
+
+def _lock_file() -> Path:
+    # Machine-wide, not per clone: the lab's containers and networks are.
+    return Path("/tmp/spark-vllm-lab.lock")
+
+
+def _up(opts: UpOptions, p: Progress) -> LabInfo:
     nodes = [config.node_addrs(i, opts.mgmt_subnet, opts.fabric_subnet) for i in range(1, opts.nodes + 1)]
     with p.step("host (packages, dockerd)"):
         ensure_host(p)
@@ -340,6 +350,11 @@ def down(keep_volumes: bool = False, quiet: bool = False) -> dict[str, float]:
     if not docker_ok("info"):
         p.say("docker not running: nothing to remove")
         return {}
+    with exclusive(_lock_file(), "up/down", p):
+        return _down(keep_volumes, p)
+
+
+def _down(keep_volumes: bool, p: Progress) -> dict[str, float]:
     flt = f"label={config.LABEL}=1"
     with p.step("containers"):
         _parallel(["rm", "-f", "-v"], docker("ps", "-aq", "--filter", flt).split())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shlex
 import subprocess
@@ -103,3 +104,19 @@ def run_logged(argv: Sequence[str], log: Path, *, timeout: float, what: str) -> 
     if rc != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-25:])
         raise LabError(f"{what} failed, exit {rc} (full log: {log}):\n{tail}")
+
+
+@contextmanager
+def exclusive(lock_file: Path, what: str, progress: Progress) -> Iterator[None]:
+    """One `up`/`down` at a time on this machine (tests may start several)."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with lock_file.open("a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress.say(f"waiting for another lab {what} to finish ({lock_file})")
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
