@@ -6,7 +6,10 @@
 #   iproute2, iptables, curl, ca-certificates   networks, checks, and the CA bundle for pip
 set -euo pipefail
 
-PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates)
+#   make          the Makefile (make test, make demo)
+#   python3-venv  only when the python3 on PATH is Debian's and cannot make a venv without it
+PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates make)
+if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then PKGS+=(python3-venv); fi
 
 missing=()
 for p in "${PKGS[@]}"; do
