@@ -7,20 +7,18 @@ Library entry points (used by the CLI, integration tests and benchmarks):
 
 from __future__ import annotations
 
-import json
 import subprocess
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import config, egress, images, keys, stackfile
+from lab import config, egress, images, keys, nodes, stackfile
 from lab.config import NodeAddrs
 from lab.fabric import block_fabric as block_fabric  # re-export
 from lab.fabric import unblock_fabric as unblock_fabric
-from lab.run import DOCKER_ENV, LabError, Progress, docker, docker_ok, exclusive, run
+from lab.run import LabError, Progress, docker, docker_ok, exclusive
 
 
 @dataclass(frozen=True)
@@ -119,172 +117,6 @@ def ensure_network(name: str, subnet: str, internal: bool) -> None:
     docker(*argv)
 
 
-# --- nodes -------------------------------------------------------------------------------
-
-def _labels(n: NodeAddrs) -> dict[str, str]:
-    return {
-        config.LABEL: "1",
-        config.LABEL_NODE: n.name,
-        config.LABEL_INDEX: str(n.index),
-        "spark-vllm-lab.mgmt-ip": n.mgmt_ip,
-        "spark-vllm-lab.fabric-ip": n.fabric_ip,
-        "spark-vllm-lab.spare-ip": n.spare_ip,
-        "spark-vllm-lab.docker-bip": n.docker_bip,
-        "spark-vllm-lab.keys": keys.fingerprint(n.name),
-    }
-
-
-def create_node_argv(n: NodeAddrs, image: str) -> list[str]:
-    """`docker create` of one node: --privileged emulated, since plain --privileged fails on
-    this VM ("unable to apply caps": root lacks CAP_SYS_RESOURCE; LAB-NOTES "Nodes")."""
-    argv = [
-        "docker", "create", "--name", n.container, "--hostname", n.name,
-        "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
-        "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
-        "--security-opt", "systempaths=unconfined", "--device-cgroup-rule", "a *:* rwm",
-        "--network", config.MGMT_NET, "--ip", n.mgmt_ip,
-        "--shm-size", "1g",
-        "--stop-timeout", "5",
-        # The inner overlay2 needs a non-overlay /var/lib/docker; a named volume also keeps
-        # loaded images across lab restarts.
-        "-v", f"{config.volume_name(n.index)}:/var/lib/docker",
-        "-e", f"LAB_FABRIC_IP={n.fabric_ip}",
-        "-e", f"LAB_FABRIC_SPARE_IP={n.spare_ip}",
-        "-e", f"LAB_FABRIC_IFNAME={config.FABRIC_IFNAME}",
-        "-e", f"LAB_DOCKER_BIP={n.docker_bip}",
-    ]
-    for k, v in _labels(n).items():
-        argv += ["--label", f"{k}={v}"]
-    return [*argv, image]
-
-
-def _container_state(name: str) -> dict[str, Any] | None:
-    out = docker("container", "inspect", name, check=False)
-    if not out.startswith("["):
-        return None
-    data: list[dict[str, Any]] = json.loads(out)
-    return data[0] if data else None
-
-
-def _node_is_current(state: dict[str, Any], n: NodeAddrs, image: str) -> bool:
-    labels = state["Config"].get("Labels") or {}
-    return state["Config"]["Image"] == image and all(labels.get(k) == v for k, v in _labels(n).items())
-
-
-def remove_node(index: int, keep_volume: bool = False) -> None:
-    docker("rm", "-f", "-v", config.container_name(index), check=False)
-    if not keep_volume:
-        docker("volume", "rm", "-f", config.volume_name(index), check=False)
-
-
-def start_node(n: NodeAddrs, image: str) -> str:
-    """Create or reuse node n; returns what was done (for progress lines)."""
-    state = _container_state(n.container)
-    if state is not None and not _node_is_current(state, n, image):
-        remove_node(n.index, keep_volume=True)  # new node image or addresses: recreate
-        state = None
-        action = "recreated"
-    else:
-        action = "created"
-    if state is None:
-        docker("volume", "create", "--label", f"{config.LABEL}=1", config.volume_name(n.index))
-        run(create_node_argv(n, image))
-        docker("cp", f"{keys.node_dir(n.name)}/.", f"{n.container}:/lab/ssh")
-        docker("network", "connect", "--ip", n.fabric_ip, config.FABRIC_NET, n.container)
-        docker("start", n.container)
-        return action
-    if not state["State"]["Running"]:
-        docker("start", n.container)
-        return "started"
-    return "running"
-
-
-def _ready_probe(n: NodeAddrs) -> tuple[bool, str | None]:
-    """(node ready, id of the inner image on it) over one SSH round trip."""
-    script = ("test -f /run/lab-node-ready || exit 3; "
-              f"docker image inspect -f '{{{{.Id}}}}' {config.INNER_IMAGE} 2>/dev/null || true")
-    proc = run(keys.ssh_argv(n.mgmt_ip, script, connect_timeout=2), check=False, timeout=15)
-    if proc.returncode != 0:
-        return False, None
-    out = proc.stdout.strip()
-    return True, out if out.startswith("sha256:") else None
-
-
-def wait_ready(nodes: list[NodeAddrs], progress: Progress,
-               timeout_s: float = config.SSH_READY_TIMEOUT_S) -> dict[str, str | None]:
-    """Wait until every node answers SSH with sshd and dockerd up; returns inner image ids."""
-    t0 = time.monotonic()
-    pending = {n.name: n for n in nodes}
-    ids: dict[str, str | None] = {}
-    last_report = 0.0
-    while pending:
-        for name, n in list(pending.items()):
-            ok, img = _ready_probe(n)
-            if ok:
-                ids[name] = img
-                del pending[name]
-        if not pending:
-            break
-        waited = time.monotonic() - t0
-        if waited > timeout_s:
-            logs = {name: docker("logs", "--tail", "15", n.container, check=False, timeout=10)
-                    for name, n in pending.items()}
-            detail = "\n".join(f"--- {k} (docker logs):\n{v}" for k, v in logs.items())
-            raise LabError(f"nodes not ready after {timeout_s:.0f}s: {', '.join(pending)}\n{detail}")
-        if waited - last_report >= 5:
-            progress.say(f"  waiting for ssh+dockerd on {', '.join(pending)} ({waited:.0f}s)")
-            last_report = waited
-        time.sleep(0.3)
-    return ids
-
-
-def _saved_inner_image() -> Path:
-    """`docker save` of the simulator image, cached by image id (one save per build)."""
-    img = images.image_id(config.INNER_IMAGE)
-    if img is None:
-        raise LabError(f"{config.INNER_IMAGE} is not built")
-    cache = config.cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    path = cache / f"spark-vllm-sim-{img.split(':')[1][:12]}.tar"
-    if not path.exists():
-        for old in cache.glob("spark-vllm-sim-*.tar"):
-            old.unlink()
-        tmp = path.with_suffix(".tmp")
-        with tmp.open("wb") as fh:
-            subprocess.run(["docker", "save", config.INNER_IMAGE], stdout=fh, check=True,
-                           env=DOCKER_ENV, timeout=600)
-        tmp.replace(path)
-    return path
-
-
-def load_inner_image(nodes: list[NodeAddrs]) -> None:
-    """`docker save | ssh root@NODE docker load`, as an operator would ship an image.
-
-    The time goes into each node's dockerd unpacking the layers (≈15 s for one node, about
-    the same for two in parallel from a file). Streaming `docker save` at the same time
-    competes for the 2 cores (≈34 s for two), so the save goes to a file first (≈5 s, cached
-    per image id) and the nodes load from it in parallel."""
-    if not nodes:
-        return
-    tar = _saved_inner_image()
-    procs = {}
-    for n in nodes:
-        with tar.open("rb") as fh:
-            procs[n.name] = subprocess.Popen(keys.ssh_argv(n.mgmt_ip, ["docker", "load", "-q"]),
-                                             stdin=fh, stdout=subprocess.PIPE,
-                                             stderr=subprocess.PIPE)
-    errors = []
-    for name, proc in procs.items():
-        _, err = proc.communicate(timeout=900)
-        if proc.returncode != 0:
-            errors.append(f"{name}: exit {proc.returncode} {err.decode(errors='replace').strip()}")
-    if errors:
-        raise LabError(f"loading {config.INNER_IMAGE} failed: " + "; ".join(errors))
-    # The previous simulator image (now untagged) would pile up in the nodes' volumes.
-    for n in nodes:
-        run(keys.ssh_argv(n.mgmt_ip, ["docker", "image", "prune", "-f"]), check=False, timeout=60)
-
-
 # --- up / down / info --------------------------------------------------------------------
 
 def up(opts: UpOptions = UpOptions()) -> LabInfo:
@@ -302,7 +134,7 @@ def _lock_file() -> Path:
 
 
 def _up(opts: UpOptions, p: Progress) -> LabInfo:
-    nodes = [config.node_addrs(i, opts.mgmt_subnet, opts.fabric_subnet) for i in range(1, opts.nodes + 1)]
+    want = [config.node_addrs(i, opts.mgmt_subnet, opts.fabric_subnet) for i in range(1, opts.nodes + 1)]
     with p.step("host (packages, dockerd)"):
         ensure_host(p)
     with p.step("images"):
@@ -314,34 +146,28 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
         ensure_network(config.FABRIC_NET, opts.fabric_subnet, internal=True)
         egress.block(opts.mgmt_subnet)
     with p.step("ssh keys"):
-        host_keys = {n.name: keys.ensure_node_keys(n.name) for n in nodes}
-        keys.write_client_files(nodes)
+        host_keys = {n.name: keys.ensure_node_keys(n.name) for n in want}
+        keys.write_client_files(want)
     with p.step(f"nodes ({opts.nodes})"):
-        for idx in _existing_indexes():
+        for idx in nodes.existing_indexes():
             if idx > opts.nodes:
-                remove_node(idx)
+                nodes.remove_node(idx)
                 p.say(f"  {config.node_name(idx)}: removed")
-        for n in nodes:
-            action = start_node(n, node_image)
+        for n in want:
+            action = nodes.start_node(n, node_image)
             if action != "running":
                 p.say(f"  {n.name}: {action} (mgmt {n.mgmt_ip}, fabric {n.fabric_ip} +{n.spare_ip})")
     with p.step("wait for ssh + inner dockerd"):
-        ids = wait_ready(nodes, p)
-    stale = [n for n in nodes if ids.get(n.name) != inner_id]
+        ids = nodes.wait_ready(want, p)
+    stale = [n for n in want if ids.get(n.name) != inner_id]
     if stale:
         with p.step(f"load {config.INNER_IMAGE} into {', '.join(n.name for n in stale)}"):
-            load_inner_image(stale)
+            nodes.load_inner_image(stale)
     with p.step("stack file"):
         tp = opts.tp if opts.tp is not None else opts.nodes
-        path = stackfile.write(opts.stack, nodes, host_keys, tp=tp, pp=opts.pp)
+        path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp)
     p.say(f"lab up: {opts.nodes} node(s) in {p.elapsed():.1f}s; stack file {path.relative_to(config.REPO_DIR)}")
-    return LabInfo(nodes, opts.mgmt_subnet, opts.fabric_subnet, opts.stack, dict(p.timings))
-
-
-def _existing_indexes() -> list[int]:
-    out = docker("ps", "-a", "--filter", f"label={config.LABEL_INDEX}",
-                 "--format", f'{{{{.Label "{config.LABEL_INDEX}"}}}}')
-    return sorted(int(x) for x in out.split() if x.isdigit())
+    return LabInfo(want, opts.mgmt_subnet, opts.fabric_subnet, opts.stack, dict(p.timings))
 
 
 def down(keep_volumes: bool = False, quiet: bool = False) -> dict[str, float]:
@@ -388,18 +214,18 @@ def _net_ip(state: dict[str, Any], net: str) -> str | None:
 
 def info(stack: str = config.DEFAULT_STACK) -> LabInfo:
     """The lab as it runs now (from the containers' labels); empty node list when down."""
-    nodes = []
-    for idx in _existing_indexes():
-        state = _container_state(config.container_name(idx))
+    found = []
+    for idx in nodes.existing_indexes():
+        state = nodes.container_state(config.container_name(idx))
         if state is None:
             continue
         lab = state["Config"].get("Labels") or {}
-        nodes.append(NodeAddrs(
+        found.append(NodeAddrs(
             index=idx, name=lab[config.LABEL_NODE], container=config.container_name(idx),
             mgmt_ip=lab["spark-vllm-lab.mgmt-ip"], fabric_ip=lab["spark-vllm-lab.fabric-ip"],
             spare_ip=lab["spark-vllm-lab.spare-ip"], docker_bip=lab["spark-vllm-lab.docker-bip"],
         ))
-    return LabInfo(nodes, _network_subnet(config.MGMT_NET), _network_subnet(config.FABRIC_NET), stack)
+    return LabInfo(found, _network_subnet(config.MGMT_NET), _network_subnet(config.FABRIC_NET), stack)
 
 
 def find_node(ref: str) -> NodeAddrs:
@@ -420,11 +246,11 @@ def status() -> list[str]:
     lines = []
     inner_id = images.image_id(config.INNER_IMAGE)
     for n in info().nodes:
-        st = _container_state(n.container)
+        st = nodes.container_state(n.container)
         running = bool(st and st["State"]["Running"])
         fabric = _net_ip(st or {}, config.FABRIC_NET)
         if running:
-            ok, img = _ready_probe(n)
+            ok, img = nodes.ready_probe(n)
             ssh = "ssh+docker ok" if ok else "ssh DOWN"
             image = ("image current" if img == inner_id else "image STALE" if img else "image MISSING") if ok else ""
         else:
@@ -433,10 +259,3 @@ def status() -> list[str]:
         lines.append(f"{n.name:8} {state:8} mgmt {n.mgmt_ip:15} fabric {fabric or n.fabric_ip} "
                      f"(+{n.spare_ip}) on {config.FABRIC_IFNAME}  {ssh}  {image}".rstrip())
     return lines
-
-
-def repo_relative(p: Path) -> str:
-    try:
-        return str(p.relative_to(config.REPO_DIR))
-    except ValueError:
-        return str(p)
