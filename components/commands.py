@@ -132,8 +132,7 @@ def vllm_serve_args(spec: ClusterSpec) -> list[str]:
 
 def head_run_argv(spec: ClusterSpec) -> list[str]:
     # /tmp/ray is an anonymous volume so the vLLM container can share the head's Ray session
-    # (node_ip_address.json, raylet sockets): a driver that cannot read it resolves its IP from
-    # the default route and looks for a raylet that does not exist.
+    # (raylet and object-store sockets); see vllm_run_argv.
     return docker_run_argv(spec, spec.head, HEAD, "ray", ray_head_args(spec),
                            extra=["--volume", "/tmp/ray"])
 
@@ -146,7 +145,12 @@ def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
 
 
 def vllm_run_argv(spec: ClusterSpec) -> list[str]:
-    extra = ["--volumes-from", container_name(spec, HEAD),
+    # vLLM is a Ray *driver* on the head node, in its own container so it can be replaced
+    # alone. A Ray 2.60 driver finds its node by looking for local raylet processes (`ps`,
+    # services.find_node_ids) and connects through the session's sockets under /tmp/ray: so it
+    # shares the head container's PID namespace and /tmp/ray, and the host's IPC and network.
+    head = container_name(spec, HEAD)
+    extra = ["--pid", f"container:{head}", "--volumes-from", head,
              "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}"]
     return docker_run_argv(spec, spec.head, VLLM, "vllm", vllm_serve_args(spec), extra=extra)
 
@@ -306,7 +310,7 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         + ' 2>&1) || fail "image has no python3 with ray: $(echo "$versions" | tail -n 3)"',
         'versions=$(echo "$versions" | tail -n 1)',
         f"""printf '{{"node": "%s", "identity": "%s", "docker": "%s", "gpus": "%s", """
-        """"image_id": "%s", "ray": "%s", "python": "%s"}}\\n' """
+        """"image_id": "%s", "ray": "%s", "python": "%s"}\\n' """
         f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "${{versions% *}}" "${{versions#* }}"',
     ]
     return "\n".join(lines) + "\n"

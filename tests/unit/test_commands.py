@@ -70,7 +70,9 @@ def test_vllm_serve_argv_exact_and_key_free() -> None:
                     "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
                     "--distributed-executor-backend", "ray", "--host", "0.0.0.0",
                     "--port", "8001", "--served-model-name", "qwen", "--max-model-len", "32768"]
-    assert ["--volumes-from", "spark-vllm-duo-ray-head"] == argv[argv.index("--volumes-from"):][:2]
+    # a Ray driver on the head: the head's PID namespace (raylet lookup) and /tmp/ray
+    assert argv[argv.index("--pid") + 1] == "container:spark-vllm-duo-ray-head"
+    assert argv[argv.index("--volumes-from") + 1] == "spark-vllm-duo-ray-head"
     assert "RAY_ADDRESS=192.168.200.12:6379" in argv
     assert not any("api-key" in a or "API_KEY" in a for a in argv)
 
@@ -112,6 +114,18 @@ def test_scripts_parse_as_posix_sh(script: str) -> None:
     }[script]()
     subprocess.run(["sh", "-n"], input=text, text=True, check=True)
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_preflight_summary_is_json(tmp_path: Path) -> None:
+    """The preflight's last line is parsed by the gate and exported: it must be valid JSON."""
+    spec = duo()
+    line = c.preflight_script(spec, spec.nodes[1]).strip().splitlines()[-1]
+    script = ('node=spark-b; docker_v=20.10; gpus=1; image_id=sha256:ab; '
+              'versions="2.60.0 3.11.2"\n' + line)
+    out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == {"node": "spark-b", "identity": "192.168.200.13", "docker": "20.10",
+                               "gpus": "1", "image_id": "sha256:ab", "ray": "2.60.0",
+                               "python": "3.11.2"}
 
 
 def test_preflight_checks_the_fabric_address_of_that_node() -> None:
