@@ -148,6 +148,9 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
                     tc.ensure_venv(info.program_directory, engine.info, engine.error)
                 finally:
                     engine.close()
+            # (the real host goes on and fails listing packages with "fork/exec ...: no such
+            # file or directory"; the stand-in reports the venv problem as Run would)
+            tc.validate_venv()
             self._validate_version(tc)
             deps = required_packages(tc.installed_packages())
         except (ToolchainError, ValueError, OSError) as e:
