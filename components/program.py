@@ -3,6 +3,7 @@ unit tests call `deploy` under mocks with a spec they build."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +59,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "identityIps": {n.name: n.identity_ip for n in spec.nodes},
         "containerIds": pulumi.Output.all(cluster.container_ids, service.container_id).apply(
             lambda v: {**v[0], f"{spec.head.name}/vllm": v[1]}),
-        "preflight": {n.node.name: n.preflight_report for n in nodes},
+        # per node: docker version, image id, Ray and Python versions in the image
+        "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
         "rayNodes": cluster.node_table,
     }

@@ -25,7 +25,11 @@ API_KEY = "sk-secret-api-key-456"
 class Mocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         state = dict(args.inputs)
-        if args.typ == CMD:
+        if args.typ == CMD and args.name.endswith("-preflight"):
+            # a preflight prints a JSON summary of the node
+            node = args.name.removesuffix("-preflight")
+            state.update(stdout=f'{{"node": "{node}", "image_id": "sha256:{node}"}}\n', stderr="")
+        elif args.typ == CMD:
             # a container command prints its container id on stdout
             state.update(stdout=f"cid-{args.name}\n", stderr="")
         return f"{args.name}-id", state

@@ -156,6 +156,7 @@ def test_outputs_name_every_node_and_container() -> None:
                                         "node-2/ray-worker": "cid-ray-worker-node-2",
                                         "node-1/vllm": "cid-vllm-serve"}
     assert captured["servedModelName"] == "org/model"
+    assert captured["preflight"]["node-2"] == {"node": "node-2", "image_id": "sha256:node-2"}
 
 
 def test_bad_config_is_refused_before_any_resource() -> None:
