@@ -57,8 +57,14 @@ PY
   ;;
 down)
   if pulumi stack select "$STACK" >/dev/null 2>&1; then
-    step "pulumi destroy --stack $STACK"
-    pulumi destroy --yes --stack "$STACK" --skip-preview
+    if [ -n "$($PY -m lab status 2>/dev/null | grep ' running ')" ]; then
+      step "pulumi destroy --stack $STACK"
+      pulumi destroy --yes --stack "$STACK" --skip-preview
+    else
+      # the nodes are already gone, so nothing is left to stop: forget the state
+      step "lab is down: removing the stack's state (pulumi stack rm --force)"
+      pulumi stack rm --force --yes --preserve-config "$STACK"
+    fi
   fi
   step "lab down"
   $PY -m lab down
