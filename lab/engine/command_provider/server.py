@@ -32,7 +32,7 @@ from pulumi.runtime.proto import (
     provider_pb2_grpc,
 )
 
-from . import VERSION
+from . import VERSION, ssh
 from .props import from_struct, to_struct
 from .resources import RESOURCES, Context, Resource, ResourceError
 from .schema import schema_json
@@ -229,6 +229,7 @@ def _engine_address(argv: list[str]) -> str:
 
 def serve(argv: list[str], *, write_port: Callable[[int], None] | None = None) -> None:
     engine = _engine_address(argv)
+    threading.Thread(target=ssh.remove_stale_workdirs, daemon=True).start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=128), options=_OPTIONS)
     provider_pb2_grpc.add_ResourceProviderServicer_to_server(Provider(engine), server)
     port = server.add_insecure_port("127.0.0.1:0")

@@ -199,9 +199,27 @@ class _Setup:
     log_path: Path
 
 
+_WORKDIR_PREFIX = "svl-command-"
+
+
+def remove_stale_workdirs() -> None:
+    """Remove the temp dirs (private keys) of stand-in processes that died mid-run (the engine
+    SIGKILLs plugins, so their `finally` never ran). Dirs are named svl-command-<pid>-*."""
+    for d in Path(tempfile.gettempdir()).glob(_WORKDIR_PREFIX + "*-*"):
+        pid = d.name[len(_WORKDIR_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not Path("/proc", pid).exists() and d.owner() == _me():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _me() -> str:
+    import pwd
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
 class _Workdir:
     def __init__(self) -> None:
-        self.path = Path(tempfile.mkdtemp(prefix="svl-command-"))  # 0700
+        # 0700; <pid> lets a later provider remove it if this one is killed mid-run
+        self.path = Path(tempfile.mkdtemp(prefix=f"{_WORKDIR_PREFIX}{os.getpid()}-"))
 
     def write(self, name: str, text: str, mode: int = 0o600) -> Path:
         p = self.path / name
