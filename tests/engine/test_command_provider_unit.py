@@ -186,8 +186,12 @@ def test_bad_key_and_host_key_fail_without_dialing(tmp_path: Path) -> None:
         _prepare({"host": "h", "hostKey": "ssh-ed25519 bm9wZQ=="})
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "pw", "-f", str(tmp_path / "e")],
                    check=True)
+    enc = (tmp_path / "e").read_text()
     with pytest.raises(ssh.InputError, match="passphrase protected"):
-        _prepare({"host": "h", "privateKey": (tmp_path / "e").read_text()})
+        _prepare({"host": "h", "privateKey": enc})
+    with pytest.raises(ssh.InputError, match="x509: decryption password incorrect"):
+        _prepare({"host": "h", "privateKey": enc, "privateKeyPassword": "nope"})
+    _prepare({"host": "h", "privateKey": enc, "privateKeyPassword": "pw"})  # right passphrase
 
 
 def test_dial_error_texts() -> None:

@@ -179,14 +179,21 @@ def _host_key_algorithms(key_type: str) -> str:
     return key_type
 
 
-def _check_private_key(path: Path, passphrase_set: bool) -> None:
-    """ssh.ParsePrivateKey's failures, before any dial (the real provider fails in SShConfig,
-    without retrying)."""
-    if passphrase_set:
-        return  # checked by ssh itself through the askpass helper
-    r = subprocess.run(["ssh-keygen", "-y", "-P", "", "-f", str(path)], capture_output=True,
-                       text=True, stdin=subprocess.DEVNULL, check=False)
+def _check_private_key(path: Path, passphrase: str | None, wd: _Workdir) -> None:
+    """ssh.ParsePrivateKey(WithPassphrase)'s failures, before any dial (the real provider fails
+    in SShConfig, without retrying). A passphrase goes through the askpass helper, not argv."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    argv = ["ssh-keygen", "-y", "-f", str(path)]
+    if passphrase is None:
+        argv[2:2] = ["-P", ""]
+    else:
+        env.update(SSH_ASKPASS=str(_askpass(wd)), SSH_ASKPASS_REQUIRE="force",
+                   SVL_COMMAND_KEY_PASSPHRASE=passphrase)
+    r = subprocess.run(argv, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env,
+                       check=False)
     if r.returncode != 0:
+        if passphrase is not None and "passphrase" in r.stderr:
+            raise InputError("x509: decryption password incorrect")
         if "passphrase" in r.stderr:
             raise InputError("ssh: this private key is passphrase protected")
         raise InputError("ssh: no key found")
@@ -232,6 +239,13 @@ class _Workdir:
         shutil.rmtree(self.path, ignore_errors=True)
 
 
+def _askpass(wd: _Workdir) -> Path:
+    p = wd.path / "askpass"
+    if not p.exists():
+        wd.write("askpass", _ASKPASS, 0o700)
+    return p
+
+
 _ASKPASS = """#!/bin/sh
 case "$1" in
   *assphrase*) printf '%s\\n' "$SVL_COMMAND_KEY_PASSPHRASE" ;;
@@ -257,7 +271,7 @@ def _host_block(alias: str, ep: Endpoint, wd: _Workdir, env: dict[str, str]) -> 
     if ep.private_key is not None:
         key = ep.private_key if ep.private_key.endswith("\n") else ep.private_key + "\n"
         kp = wd.write(f"id-{alias}", key)
-        _check_private_key(kp, ep.private_key_password is not None)
+        _check_private_key(kp, ep.private_key_password, wd)
         lines.append(f"  IdentityFile {_q(str(kp))}")
         methods.append("publickey")
     else:
@@ -328,8 +342,7 @@ def prepare(conn: Connection, command: str, env_vars: Mapping[str, str], wd: _Wo
     common += set_lines
     cfg = wd.write("ssh_config", "\n".join([*blocks, *target, *common]) + "\n")
     if "SVL_COMMAND_PASSWORD" in proc_env or "SVL_COMMAND_KEY_PASSPHRASE" in proc_env:
-        askpass = wd.write("askpass", _ASKPASS, 0o700)
-        proc_env.update(SSH_ASKPASS=str(askpass), SSH_ASKPASS_REQUIRE="force")
+        proc_env.update(SSH_ASKPASS=str(_askpass(wd)), SSH_ASKPASS_REQUIRE="force")
     log = wd.path / "ssh.log"
     # An empty command would make ssh open a shell reading stdin; the real session.Run("")
     # asks sshd to run "" (the login shell exits 0). " " does that.
