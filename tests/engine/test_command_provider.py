@@ -208,6 +208,9 @@ class Stack:
     def preview(self) -> Run:
         return self._run(self.stack.preview)
 
+    def refresh(self) -> Run:
+        return self._run(self.stack.refresh)
+
     def destroy(self) -> Run:
         return self._run(self.stack.destroy)
 
@@ -278,6 +281,12 @@ def test_lifecycle(engine: Engine, sshd: Sshd) -> None:
         r = st.up()  # no change: nothing runs
         assert r.error is None, r.error
         assert r.changed() == [], r.ops
+        assert log.read_text().splitlines() == ["create-v1", "prev="]
+
+        r = st.refresh()  # Read returns the stored state: nothing changes, nothing runs
+        assert r.error is None, r.error
+        assert st.resource("c1")["outputs"]["stdout"] == "out-v1"
+        assert st.up().changed() == []
         assert log.read_text().splitlines() == ["create-v1", "prev="]
 
         spec.update(v="2", dv="2")  # create + delete changed: in-place update, create runs again
@@ -501,6 +510,28 @@ def test_found_on_path(engine: Engine, sshd: Sshd) -> None:
         assert r.error is None, r.error
         assert r.outputs["stdout"] == "via-path"
         assert any("using pulumi-resource-command from $PATH" in m for m in r.lines())
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_local_command(engine: Engine) -> None:
+    """command:local:Command, the cheap part: /bin/sh -c, stdout, environment, stdin, errors."""
+    spec = {"create": "echo \"local-$SVL_L\"; cat"}
+
+    def program() -> None:
+        c = command.local.Command("loc", create=spec["create"], environment={"SVL_L": "env"},
+                                  stdin="from-stdin")
+        pulumi.export("stdout", c.stdout)
+
+    st = Stack(engine, "local", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        assert r.outputs["stdout"] == "local-env\nfrom-stdin"
+        spec["create"] = "echo bad; exit 2"
+        r = st.up()
+        assert r.error is not None and 'exit status 2: running "echo bad; exit 2"' in r.error
     finally:
         st.destroy()
         st.remove()
