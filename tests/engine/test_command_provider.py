@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pulumi
+import pulumi.automation as auto
+import pulumi_command as command
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -32,17 +35,13 @@ WRAPPER = REPO / "lab" / "engine" / "bin" / "pulumi-resource-command"
 SSHD = Path("/usr/sbin/sshd")
 SECRET_STDIN = "stdin-s3cret-" + os.urandom(4).hex()
 
-auto = pytest.importorskip("pulumi.automation")
-pulumi = pytest.importorskip("pulumi")
-command = pytest.importorskip("pulumi_command")
-
 
 # --- engine ----------------------------------------------------------------------------------------
 def _env_sh() -> dict[str, str]:
     r = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null 2>&1 && env -0"], cwd=REPO,
                        capture_output=True)
     if r.returncode != 0:
-        pytest.skip("lab/env.sh failed: no Pulumi CLI (lab/tools.sh)")
+        pytest.fail("lab/env.sh failed: no Pulumi CLI (lab/tools.sh)")
     return dict(kv.split("=", 1) for kv in r.stdout.decode().split("\0") if "=" in kv)
 
 
@@ -63,7 +62,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
     e = _env_sh()
     pulumi_bin = shutil.which("pulumi", path=e.get("PATH", ""))
     if pulumi_bin is None:
-        pytest.skip("no pulumi CLI after `source lab/env.sh`")
+        pytest.fail("no pulumi CLI after `source lab/env.sh`")
     tmp = tmp_path_factory.mktemp("cmdprov")
     home, state = tmp / "home", tmp / "state"
     plug = home / "plugins" / "resource-command-v1.2.1"
@@ -108,7 +107,7 @@ class Sshd:
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
     if not SSHD.exists():
-        pytest.skip("no /usr/sbin/sshd (apt-get install openssh-server)")
+        pytest.fail("no /usr/sbin/sshd (apt-get install openssh-server)")
     d = tmp_path_factory.mktemp("sshd")
     for n in ("host", "client", "other"):
         _keygen(d / n)
@@ -140,7 +139,7 @@ LogLevel VERBOSE
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.skip(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
+                    pytest.fail(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
                 time.sleep(0.05)
         import getpass
         yield Sshd(port, getpass.getuser(), (d / "client").read_text(),

@@ -210,7 +210,7 @@ def test_dial_error_texts() -> None:
 # --- the plugin binary over gRPC -----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def plugin() -> Iterator[Any]:
-    grpc = pytest.importorskip("grpc")
+    import grpc
     from pulumi.runtime.proto import provider_pb2_grpc
     p = subprocess.Popen([str(WRAPPER), "--logtostderr", "-v=9", "--tracing", "http://x:1",
                           "127.0.0.1:1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

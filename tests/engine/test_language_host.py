@@ -66,7 +66,7 @@ def _engine_env() -> dict[str, str]:
     r = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null 2>&1 && env -0"], cwd=REPO,
                        capture_output=True)
     if r.returncode != 0:
-        pytest.skip("lab/env.sh failed: no Pulumi CLI (lab/tools.sh)")
+        pytest.fail("lab/env.sh failed: no Pulumi CLI (lab/tools.sh)")
     return dict(kv.split("=", 1) for kv in r.stdout.decode().split("\0") if "=" in kv)
 
 
@@ -75,9 +75,9 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     e = _engine_env()
     tool_bin = e.get("SPARK_VLLM_TOOLCHAIN_BIN", "")
     if not tool_bin or not Path(tool_bin, "pulumi-language-python-exec").exists():
-        pytest.skip("the toolchain has no pulumi-language-python-exec (lab/tools.sh)")
+        pytest.fail("the toolchain has no pulumi-language-python-exec (lab/tools.sh)")
     if not (VENV / "bin" / "python").exists():
-        pytest.skip("no .venv")
+        pytest.fail("no .venv")
     base = tmp_path_factory.mktemp("lh-engine")
     (base / "state").mkdir()
     (base / "home").mkdir()

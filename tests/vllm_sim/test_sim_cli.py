@@ -4,8 +4,7 @@ import socket
 import subprocess
 
 import pytest
-
-pytest.importorskip("vllm_sim")
+import vllm_sim  # noqa: F401  (installed by make test)
 from vllm_sim import BANNER  # noqa: E402
 from vllm_sim.cli import _non_default_args, build_parser, main  # noqa: E402
 from vsim_harness import clean_env, exe  # noqa: E402

@@ -8,11 +8,9 @@ the third node, whose VLLM_HOST_IP was copied from the head, joins only for the 
 from pathlib import Path
 
 import pytest
+import ray  # noqa: F401  (installed by make test)
 import requests
-
-pytest.importorskip("ray")
-pytest.importorskip("vllm_sim")
-
+import vllm_sim  # noqa: F401  (installed by make test)
 from vsim_harness import rank_lines, start_cluster, start_serve  # noqa: E402
 
 pytestmark = pytest.mark.slow

@@ -5,8 +5,7 @@ import logging
 import socket
 
 import pytest
-
-pytest.importorskip("vllm_sim")
+import vllm_sim  # noqa: F401  (installed by make test)
 from vllm_sim import network_utils  # noqa: E402
 from vllm_sim.network_utils import get_ip  # noqa: E402
 

@@ -4,9 +4,8 @@ import logging
 import types
 
 import pytest
-
-ray = pytest.importorskip("ray")
-pytest.importorskip("vllm_sim")
+import ray
+import vllm_sim  # noqa: F401  (installed by make test)
 from vllm_sim import ray_utils  # noqa: E402
 
 SPECS = [{"GPU": 1.0, "node:192.168.200.12": 0.001}]

@@ -13,11 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray  # noqa: F401  (installed by make test)
 import requests
-
-pytest.importorskip("ray")
-pytest.importorskip("vllm_sim")
-
+import vllm_sim  # noqa: F401  (installed by make test)
 from vsim_harness import RayCluster, Serve, rank_lines, start_cluster, start_serve  # noqa: E402
 
 pytestmark = pytest.mark.slow
