@@ -17,11 +17,18 @@ API_KEY = "sk-itest-" + secrets.token_hex(8)
 
 
 def _teardown(lab: Lab | None) -> None:
+    """Destroy the stack and remove the nodes; their image volumes go at the session's end."""
     if lab is not None and cluster.info().nodes:
         run = lab.destroy()
         if run.error:  # the nodes are gone or broken: forget the state, the lab goes anyway
             lab.stack.workspace.remove_stack(lab.stack.name, force=True)
-    cluster.down(quiet=True)
+    cluster.down(keep_volumes=True, quiet=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lab_removed_at_the_end() -> Iterator[None]:
+    yield
+    cluster.down(quiet=True)  # every lab container, network and volume, whatever happened
 
 
 def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20) -> Lab:
