@@ -1,0 +1,129 @@
+"""`python -m bench` (`make bench`): spark-vllm against Ray's cluster launcher and the bare
+critical path on the lab, then the scale of `pulumi preview`. See bench/README.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import machine, preview_scale, report, scenarios
+from bench.common import REPO, STACK, Lab, dump_json, lab_up, say
+from bench.contenders import Contender
+from bench.contenders.bare import Bare
+from bench.contenders.launcher import Launcher
+from bench.contenders.spark_vllm import SparkVllm, engine_env
+from lab import cluster, config
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CHOICES = ("spark-vllm", "launcher", "bare")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
+    ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
+    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview"],
+                    help="one scenario (its prerequisite steps run untimed-in-the-report)")
+    ap.add_argument("--contenders", default=",".join(CHOICES),
+                    help="comma-separated subset of %(default)s")
+    ap.add_argument("--quick", action="store_true", help="--runs 1 --nodes 2")
+    ap.add_argument("--join-cap", type=float, default=60,
+                    help="seconds to wait for the launcher/bare path to report a worker that "
+                         "cannot join (default %(default)s)")
+    ap.add_argument("--no-preview", action="store_true", help="skip the pulumi preview scale")
+    ap.add_argument("--report", metavar="JSON", help="only rewrite latest.md/png from a result")
+    return ap
+
+
+def _contenders(names: list[str], lab: Lab) -> list[Contender]:
+    stack_file = config.stack_file(STACK)
+    made: dict[str, Contender] = {}
+    for name in names:
+        if name == "spark-vllm":
+            made[name] = SparkVllm(lab, stack_file)
+        elif name == "launcher":
+            made[name] = Launcher(lab)
+        elif name == "bare":
+            made[name] = Bare(lab, stack_file)
+    return [made[n] for n in names]
+
+
+def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[dict[str, Any]],
+               save: Any) -> None:
+    lab = lab_up(n)
+    contenders = _contenders(names, lab)
+    for c in contenders:
+        c.prepare()
+    try:
+        for r in range(1, args.runs + 1):
+            say(f"{n} nodes, run {r}/{args.runs}")
+            if args.only != scenarios.JOIN:
+                for c in contenders:
+                    runs += scenarios.lifecycle(c, lab, r, args.only)
+                    save()
+            if args.only in (None, scenarios.JOIN) and len(lab.nodes) >= 2:
+                for c in contenders:
+                    runs.append(scenarios.join_failure(c, lab, r, args.join_cap))
+                    save()
+    finally:
+        cluster.unblock_fabric(lab.nodes[0].name, lab.nodes[1].name)
+        for c in contenders:
+            c.clean()
+
+
+def write_outputs(result: dict[str, Any], stamp: str | None = None) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if stamp:
+        dump_json(RESULTS / f"{stamp}.json", result)
+    dump_json(RESULTS / "latest.json", result)
+    (RESULTS / "latest.md").write_text(report.markdown(result))
+    report.chart(result, RESULTS / "latest.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.report:
+        write_outputs(json.loads(Path(args.report).read_text()))
+        say(f"wrote {RESULTS.relative_to(REPO)}/latest.{{json,md,png}}")
+        return 0
+    if args.quick:
+        args.runs, args.nodes = 1, "2"
+    sizes = [int(x) for x in args.nodes.split(",") if x]
+    names = [x for x in args.contenders.split(",") if x]
+    if bad := [x for x in names if x not in CHOICES]:
+        print(f"unknown contender(s): {bad}; choose from {CHOICES}", file=sys.stderr)
+        return 2
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    result: dict[str, Any] = {
+        "machine": machine.describe(engine_env()),
+        "config": {"runs": args.runs, "nodes": sizes, "contenders": names, "only": args.only,
+                   "join_cap_s": args.join_cap, "ray_timeout_s": 20, "stack": STACK},
+        "runs": [],
+        "preview": [],
+    }
+
+    def save() -> None:
+        dump_json(RESULTS / f"{stamp}.json", result)
+
+    say(f"bench: runs {args.runs}, nodes {sizes}, contenders {names}, only {args.only or 'all'}")
+    try:
+        if args.only != "preview":
+            for n in sizes:
+                _bench_lab(n, names, args, result["runs"], save)
+        if not args.no_preview and args.only in (None, "preview") and "spark-vllm" in names:
+            say("pulumi preview: 2, 8, 32 nodes")
+            result["preview"] = preview_scale.run_all(args.runs)
+    except KeyboardInterrupt:
+        say("interrupted: writing what was measured")
+    write_outputs(result, stamp)
+    say(f"wrote bench/results/{stamp}.json and latest.{{json,md,png}}")
+    print((RESULTS / "latest.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

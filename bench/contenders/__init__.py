@@ -1,0 +1,77 @@
+"""The three ways to get one vLLM server on the lab's Ray cluster.
+
+Each contender turns the same operator intents into its own commands; the scenarios time them
+and wait for /health themselves, so a method returns as soon as its tool returns:
+
+  up()             cold, from nothing (the harness made sure nothing runs)
+  reapply()        the same desired state again (the "no-op")
+  set_env(v)       NCCL_DEBUG=v for every container, applied
+  set_vllm_len(n)  `vllm serve --max-model-len n`, applied
+  down()           everything removed
+  join_failure(cap)  up while node-1 and node-2 cannot reach each other over the fabric:
+                   seconds until the tool *reports* a failure, None if it did not within cap
+  clean()          best-effort removal of anything left, untimed
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.common import Lab
+
+
+@dataclass
+class Baseline:
+    """The desired state every lifecycle starts from."""
+
+    nccl_debug: str = "WARN"
+    max_model_len: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What a contender step reports besides wall time (kept raw in the JSON)."""
+
+    ok: bool = True
+    note: str = ""
+    profile: dict[str, Any] = field(default_factory=dict)
+
+
+class Contender(ABC):
+    name: str = "?"
+    label: str = "?"
+
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.state = Baseline()
+
+    @abstractmethod
+    def prepare(self) -> None:
+        """Once per lab size: config files, stacks."""
+
+    @abstractmethod
+    def up(self) -> Outcome: ...
+
+    @abstractmethod
+    def reapply(self) -> Outcome: ...
+
+    @abstractmethod
+    def set_env(self, value: str) -> Outcome: ...
+
+    @abstractmethod
+    def set_vllm_len(self, value: int) -> Outcome: ...
+
+    @abstractmethod
+    def down(self) -> Outcome: ...
+
+    @abstractmethod
+    def join_failure(self, cap_s: float) -> tuple[float | None, Outcome]: ...
+
+    @abstractmethod
+    def clean(self) -> None: ...
+
+    def reset(self) -> None:
+        """Back to the baseline desired state (config only; nothing runs)."""
+        self.state = Baseline()

@@ -1,0 +1,110 @@
+"""The scenarios, run for one contender on the lab; each returns raw records.
+
+A lifecycle is: clean (untimed) → cold up → no-op re-apply → env change → vLLM-arg change →
+teardown, every step timed to /health 200 (teardown: to its command's exit), with what it
+restarted on the nodes. The join failure runs apart, with node-1 ⟷ node-2 blocked on the fabric
+for its whole duration (always unblocked after, whatever happened).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.common import BenchError, Lab, restarts, running_containers, say, snapshot, wait_health
+from bench.contenders import Contender, Outcome
+from lab import cluster
+
+LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "teardown")
+JOIN = "join_failure"
+SCENARIOS = (*LIFECYCLE, JOIN)
+ENV_CHANGE_TO = "INFO"  # NCCL_DEBUG: WARN (baseline) → INFO
+VLLM_LEN_TO = 8192  # --max-model-len: unset (baseline) → 8192
+
+
+def _record(c: Contender, lab: Lab, scenario: str, run: int, seconds: float | None,
+            out: Outcome, changed: dict[str, Any] | None = None) -> dict[str, Any]:
+    rec = {"nodes": len(lab.nodes), "contender": c.name, "scenario": scenario, "run": run,
+           "seconds": None if seconds is None else round(seconds, 3), "ok": out.ok,
+           "note": out.note[-600:], "profile": out.profile, "restarts": changed}
+    shown = "not reported" if seconds is None else f"{seconds:6.2f} s"
+    status = ""
+    if not out.ok:
+        last = out.note.strip().splitlines()[-1] if out.note.strip() else "?"
+        status = f"  FAILED: {last[:160]}"
+    extra = ""
+    if changed:
+        extra = (f"  (containers started {changed['containers_started']}, Ray restarted on "
+                 f"{changed['ray_restarted_nodes']} node(s), vLLM restarted: "
+                 f"{'yes' if changed['vllm_restarted'] else 'no'})")
+    say(f"  {len(lab.nodes)} nodes  run {run}  {c.name:10} {scenario:12} {shown}{status}{extra}")
+    return rec
+
+
+def _to_serving(lab: Lab, step: Callable[[], Outcome]) -> tuple[float, Outcome]:
+    """Run a step, then wait until the endpoint serves: seconds for both together."""
+    t0 = time.monotonic()
+    out = step()
+    if out.ok:
+        try:
+            wait_health(lab.health_url)
+        except BenchError as e:
+            out = Outcome(False, f"{out.note}\n{e}".strip(), out.profile)
+    return time.monotonic() - t0, out
+
+
+def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None) -> list[dict[str, Any]]:
+    """The lifecycle; with `only`, just the steps that scenario needs, recording that one."""
+    records: list[dict[str, Any]] = []
+    keep = (lambda name: True) if only is None else (lambda name: name == only)
+    c.clean()
+    c.reset()
+    steps: list[tuple[str, Callable[[], Outcome]]] = [
+        ("cold_up", c.up),
+        ("noop", c.reapply),
+        ("env_change", lambda: c.set_env(ENV_CHANGE_TO)),
+        ("vllm_change", lambda: c.set_vllm_len(VLLM_LEN_TO)),
+    ]
+    if only == "teardown":
+        steps = steps[:1]
+    elif only is not None:
+        steps = steps[: [name for name, _ in steps].index(only) + 1]
+    before = snapshot(lab)
+    for scenario, step in steps:
+        seconds, out = _to_serving(lab, step)
+        after = snapshot(lab)
+        changed = None if scenario == "cold_up" else restarts(before, after)
+        if keep(scenario) or not out.ok:
+            records.append(_record(c, lab, scenario, run, seconds, out, changed))
+        if not out.ok:
+            c.clean()
+            return records
+        before = after
+    if only in (None, "teardown"):
+        t0 = time.monotonic()
+        out = c.down()
+        seconds = time.monotonic() - t0
+        left = running_containers(lab)
+        if left:
+            out = Outcome(False, f"{out.note}\n{left} container(s) still running".strip(),
+                          out.profile)
+        records.append(_record(c, lab, "teardown", run, seconds, out))
+    c.clean()
+    return records
+
+
+def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, Any]:
+    """Seconds until the contender reports that a worker cannot join (None: not within cap)."""
+    c.clean()
+    c.reset()
+    a, b = lab.nodes[0].name, lab.nodes[1].name
+    try:
+        cluster.block_fabric(a, b)
+        seconds, out = c.join_failure(cap_s)
+    finally:
+        cluster.unblock_fabric(a, b)
+    rec = _record(c, lab, JOIN, run, seconds, out)
+    rec["cap_s"] = cap_s
+    c.clean()
+    return rec
