@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import machine, preview_scale, report, scenarios
-from bench.common import REPO, STACK, Lab, dump_json, lab_up, say
+from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
 from bench.contenders.launcher import Launcher
@@ -20,6 +20,8 @@ from lab import cluster, config
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHOICES = ("spark-vllm", "launcher", "bare")
+# Container name prefixes of the three contenders (spark-vllm's stack, the bare path, ray up).
+OURS = (f"spark-vllm-{STACK}-", "spark-vllm-bare-", "spark-bench-ray")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -55,6 +57,10 @@ def _contenders(names: list[str], lab: Lab) -> list[Contender]:
 def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[dict[str, Any]],
                save: Any) -> None:
     lab = lab_up(n)
+    foreign = sorted({f"{node}/{name}" for node, st in snapshot(lab).items()
+                      for name in st.names.values() if not name.startswith(OURS)})
+    if foreign:  # they would hold the API and Ray ports: measuring now would measure them
+        raise SystemExit(f"bench: containers of someone else run on the lab: {foreign}")
     contenders = _contenders(names, lab)
     for c in contenders:
         c.prepare()
@@ -73,6 +79,8 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
         cluster.unblock_fabric(lab.nodes[0].name, lab.nodes[1].name)
         for c in contenders:
             c.clean()
+            if isinstance(c, SparkVllm):
+                c.forget()
 
 
 def write_outputs(result: dict[str, Any], stamp: str | None = None) -> None:

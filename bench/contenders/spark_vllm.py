@@ -131,6 +131,11 @@ class SparkVllm(Contender):
             return None, Outcome(False, "pulumi up succeeded despite the blocked fabric?", prof)
         return res.seconds, Outcome(True, _reason(res.out), prof)
 
+    def forget(self) -> None:
+        """Remove the (empty) stack and its config file: nothing of the bench stays in stacks/."""
+        self._pulumi("stack", "rm", "--yes", STACK)
+        self.stack_file.unlink(missing_ok=True)
+
     def clean(self) -> None:
         res, _ = self._engine("destroy", timeout=300)
         if res.ok:
