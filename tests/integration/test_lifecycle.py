@@ -55,8 +55,12 @@ def assert_ordered_replacement(run: Run, before: list, since: float, until: floa
     creates = [name for op, name in run.ops("done") if op == "create-replacement"]
     assert [n for n in deletes if n in chain] == chain, run.ops("done")
     assert [n for n in creates if n in chain] == list(reversed(chain)), run.ops("done")
-    last_delete = max(s.t for s in run.steps if s.phase == "done" and s.op == "delete-replaced")
-    first_create = min(s.t for s in run.steps if s.phase == "pre" and s.op == "create-replacement")
+    # the chain's old containers are all gone before its first new one is created (a preflight
+    # replaced alongside may run any time: it starts nothing)
+    last_delete = max(s.t for s in run.steps
+                      if s.phase == "done" and s.op == "delete-replaced" and s.name in chain)
+    first_create = min(s.t for s in run.steps
+                       if s.phase == "pre" and s.op == "create-replacement" and s.name in chain)
     assert last_delete <= first_create
     # On the nodes: every old Ray container is destroyed before any new one starts, on every
     # node (docker's own event times: one kernel clock for all lab nodes).
@@ -112,9 +116,7 @@ def test_3_env_change_replaces_the_chain_in_order(lab2: Lab) -> None:
 
 def test_4_identity_change_moves_the_head(lab2: Lab) -> None:
     head = cluster.find_node("node-1")
-    nodes = lab2.get("nodes")
-    nodes[0]["fabricIp"] = head.spare_ip
-    lab2.set("nodes", nodes)
+    lab2.set("nodes[0].fabricIp", head.spare_ip, path=True)
     before = containers(NODES)
     since = time.time()
     run = ok(lab2.up())
@@ -148,7 +150,8 @@ def assert_nothing_on_nodes() -> None:
     assert containers(NODES) == []
     for node in NODES:
         assert node_sh(node, f"ls -A ~/.spark-vllm/{STACK} 2>/dev/null || true").strip() == ""
-        procs = node_sh(node, "pgrep -af 'raylet|gcs_server|vllm' || true").strip()
+        # bracketed so the pattern does not match the shell that runs pgrep
+        procs = node_sh(node, "pgrep -af '[r]aylet|[g]cs_server|[v]llm' || true").strip()
         assert procs == "", procs
 
 
@@ -163,17 +166,14 @@ def test_6_destroy_leaves_nothing(lab2: Lab) -> None:
 
 def test_7a_preflight_refuses_a_wrong_fabric_ip(lab2: Lab) -> None:
     node2 = cluster.find_node("node-2")
-    nodes = lab2.get("nodes")
-    nodes[1]["fabricIp"] = "192.168.231.222"
-    lab2.set("nodes", nodes)
+    lab2.set("nodes[1].fabricIp", "192.168.231.222", path=True)
     run = lab2.up()
     assert run.error is not None
     text = run.error
     assert "node-2" in text and "fabricIp 192.168.231.222 is not on enp1s0f1np1" in text
     assert node2.fabric_ip in text  # the address actually there
     assert containers(NODES) == []  # refused before any container started
-    nodes[1]["fabricIp"] = node2.fabric_ip
-    lab2.set("nodes", nodes)
+    lab2.set("nodes[1].fabricIp", node2.fabric_ip, path=True)
     ok(lab2.up())
     assert_serving(lab2, {"node-1": lab2.get("nodes")[0]["fabricIp"], "node-2": node2.fabric_ip})
 
