@@ -79,6 +79,7 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
         cluster.unblock_fabric(lab.nodes[0].name, lab.nodes[1].name)
         for c in contenders:
             c.clean()
+        for c in contenders:
             if isinstance(c, SparkVllm):
                 c.forget()
 

@@ -74,12 +74,15 @@ class Bare(Contender):
         super().__init__(lab)
         self.stack_file = stack_file
         self.log = LOG_DIR / "bare.log"
+        self.raw: dict[str, Any] = {}
 
     def prepare(self) -> None:
-        self.spec()  # fail now, not mid-run, if the stack file does not parse
+        # Read once: the lab's stack file is spark-vllm's to edit (and to remove at the end).
+        self.raw = stack_raw(self.stack_file)
+        self.spec()  # fail now, not mid-run, if it does not parse
 
     def spec(self) -> ClusterSpec:
-        raw = stack_raw(self.stack_file)
+        raw = dict(self.raw)
         raw["env"] = {**(raw.get("env") or {}), "NCCL_DEBUG": self.state.nccl_debug}
         raw["vllmArgs"] = ([] if self.state.max_model_len is None
                            else ["--max-model-len", str(self.state.max_model_len)])
