@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -93,8 +94,15 @@ def write_outputs(result: dict[str, Any], stamp: str | None = None) -> None:
     report.chart(result, RESULTS / "latest.png")
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Stopped from outside (SIGTERM): clean up like Ctrl-C — contenders torn down, fabric
+    # unblocked, the stack removed, what was measured written.
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.report:
         write_outputs(json.loads(Path(args.report).read_text()))
         say(f"wrote {RESULTS.relative_to(REPO)}/latest.{{json,md,png}}")

@@ -43,9 +43,20 @@ def run_stamped(argv: Sequence[str], *, timeout: float, env: dict[str, str],
     timer.start()
     lines: list[tuple[float, str]] = []
     assert proc.stdout is not None
-    for line in proc.stdout:
-        lines.append((time.monotonic() - t0, line.rstrip("\n")))
-    rc = proc.wait()
+    try:
+        for line in proc.stdout:
+            lines.append((time.monotonic() - t0, line.rstrip("\n")))
+        rc = proc.wait()
+    except BaseException:
+        # Interrupted (Ctrl-C, SIGTERM): let pulumi cancel and release the stack's lock, so the
+        # cleanup that follows (pulumi destroy) can run; kill it if it does not stop.
+        timer.cancel()
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
     timed_out = not timer.is_alive() and rc < 0
     timer.cancel()
     seconds = time.monotonic() - t0
