@@ -53,6 +53,11 @@ def _program_options(info: language_pb2.ProgramInfo) -> dict[str, Any]:
     return options
 
 
+def _options(info: language_pb2.ProgramInfo) -> Any:
+    """The project's runtime options, as every RPC that gets a ProgramInfo reads them."""
+    return parse_options(info.root_directory, info.program_directory, _program_options(info))
+
+
 def _go_json_string_map(m: Any) -> str:
     """json.Marshal of a Go map[string]string: keys sorted, no spaces."""
     return json.dumps(dict(m), sort_keys=True, separators=(",", ":"))
@@ -138,8 +143,7 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
                             ) -> language_pb2.GetRequiredPackagesResponse:
         info = request.info
         try:
-            opts = parse_options(info.root_directory, info.program_directory,
-                                 _program_options(info))
+            opts = _options(info)
             tc = resolve_toolchain(opts)
             if opts.virtualenv and not os.path.isfile(
                     os.path.join(tc.virtualenv_path, "bin", "python")):
@@ -189,8 +193,7 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
                             ) -> Iterator[language_pb2.InstallDependenciesResponse]:
         info = request.info
         try:
-            opts = parse_options(info.root_directory, info.program_directory,
-                                 _program_options(info))
+            opts = _options(info)
         except ToolchainError as e:
             context.abort(grpc.StatusCode.UNKNOWN, str(e))
         # Plugins never run on the ambient Python: default their venv to `venv`.
@@ -263,9 +266,7 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
               context: grpc.ServicerContext) -> language_pb2.AboutResponse:
         try:
             if request.HasField("info"):
-                opts = parse_options(request.info.root_directory,
-                                     request.info.program_directory,
-                                     _program_options(request.info))
+                opts = _options(request.info)
             else:
                 opts = parse_options("", "", {"toolchain": "pip"})
             executable, version = resolve_toolchain(opts).about()
@@ -278,8 +279,7 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
                                ) -> language_pb2.GetProgramDependenciesResponse:
         info = request.info
         try:
-            opts = parse_options(info.root_directory, info.program_directory,
-                                 _program_options(info))
+            opts = _options(info)
             pkgs = resolve_toolchain(opts).list_packages(request.transitiveDependencies)
         except (ToolchainError, ValueError) as e:
             context.abort(grpc.StatusCode.UNKNOWN, f"failed to get python dependencies: {e}")
@@ -317,8 +317,7 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
                           "when debugging or running explicitly, must call Handshake before Run")
         info = request.info
         try:
-            opts = parse_options(info.root_directory, info.program_directory,
-                                 _program_options(info))
+            opts = _options(info)
         except ToolchainError as e:
             context.abort(grpc.StatusCode.UNKNOWN, str(e))
         if request.attach_debugger:
@@ -395,8 +394,7 @@ class LanguageHost(language_pb2_grpc.LanguageRuntimeServicer):
         buildable package; output streamed back, then the exit code."""
         info = request.info
         try:
-            opts = parse_options(info.root_directory, info.program_directory,
-                                 _program_options(info))
+            opts = _options(info)
             if opts.toolchain in ("pip", "auto") and not opts.virtualenv:
                 opts.virtualenv = "venv"
             tc = resolve_toolchain(opts)
