@@ -304,11 +304,19 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'"image {spec.image} is not on the node (imagePull: {spec.image_pull}); '
         f'load it with: docker save IMAGE | ssh NODE docker load"',
         # Ray is optional in vLLM images since 0.18, and head/worker must run the same Ray and
-        # Python (ray#50511): read both from the image once, here, not after a failed join.
-        f"versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
+        # Python (ray#50511): read both from the image here, not after a failed join. Starting
+        # a container that imports Ray costs ~1 s of CPU per node on every cold up, so the
+        # answer is kept per image id (a content hash: it cannot go stale) in a file outside
+        # any stack's directory.
+        f"cache={STATE_DIR_SH}image-versions/\"${{image_id#sha256:}}\"",
+        'if versions=$(cat "$cache" 2>/dev/null) && [ "${versions#* }" != "$versions" ]; then :',
+        f"else versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
         + q("import ray, sys; print(ray.__version__, sys.version.split()[0])")
         + ' 2>&1) || fail "image has no python3 with ray: $(echo "$versions" | tail -n 3)"',
-        'versions=$(echo "$versions" | tail -n 1)',
+        '  versions=$(echo "$versions" | tail -n 1)',
+        f"  mkdir -p {STATE_DIR_SH}image-versions && "
+        'echo "$versions" > "$cache.$$" && mv -f "$cache.$$" "$cache" || true',
+        "fi",
         f"""printf '{{"node": "%s", "identity": "%s", "docker": "%s", "gpus": "%s", """
         """"image_id": "%s", "ray": "%s", "python": "%s"}\\n' """
         f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "${{versions% *}}" "${{versions#* }}"',
@@ -324,17 +332,23 @@ def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
     """Readiness gate, run on the head: Ray's node table must match the spec (invariant 5).
 
     `preflight_json` are the preflight summaries (one JSON per node) so the gate can also
-    name a Ray/Python version mismatch between nodes.
+    name a Ray/Python version mismatch between nodes. The Python program itself is the
+    command's stdin (`gate_program`): a failed command is quoted whole in Pulumi's error, and
+    the expected-vs-seen table must not drown under 100 lines of script.
     """
     payload = json.dumps({"expected": gate_expected(spec), "timeout": spec.ray_timeout,
+                          "address": f"{spec.head.identity_ip}:{spec.ray_port}",
                           "preflight": preflight_json}, sort_keys=True)
     head = container_name(spec, HEAD)
     return "\n".join([
         *_prelude(spec, spec.head, "gate"),
-        # `timeout` bounds even a hung ray.init: a remote command is not killed by Pulumi's
-        # custom timeouts (FIELD-NOTES, Pulumi).
+        # `timeout` bounds even a hung GCS connection: a remote command is not killed by
+        # Pulumi's custom timeouts (FIELD-NOTES, Pulumi).
         f"timeout {spec.ray_timeout + 30} docker exec -i {shlex.quote(head)} python3 - "
-        f"{shlex.quote(payload)} <<'SPARK_VLLM_PY'",
-        _script_text("ray_gate.py").rstrip("\n"),
-        "SPARK_VLLM_PY",
+        f"{shlex.quote(payload)}",
     ]) + "\n"
+
+
+def gate_program() -> str:
+    """The gate's Python (scripts/ray_gate.py), sent as the gate command's stdin."""
+    return _script_text("ray_gate.py")

@@ -63,6 +63,7 @@ class RayCluster(pulumi.ComponentResource):
             f"{name}-gate", self, head_node,
             create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
                 lambda reports: commands.gate_script(spec, [r.strip() for r in reports])),
+            stdin=commands.gate_program(),
             triggers=[c.stdout for c in containers],
             depends_on=list(containers),
         )

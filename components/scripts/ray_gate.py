@@ -1,7 +1,8 @@
 """Readiness gate, run inside the Ray head container: Ray's own node table against the spec.
 
-argv[1]: JSON {"expected": [{"name", "ip", "gpus"}], "timeout": s, "preflight": [json, ...]}.
-Polls `ray.nodes()` until every expected node is alive under its identity IP with its GPUs and
+argv[1]: JSON {"expected": [{"name", "ip", "gpus"}], "timeout": s, "address": "ip:port",
+"preflight": [json, ...]}. The script itself comes on stdin (`python3 - PAYLOAD`), so a failure
+message that quotes the command line stays short. Polls Ray's node table until every expected node is alive under its identity IP with its GPUs and
 no other node is alive; else fails after `timeout` with an expected-vs-seen table, instead of
 vLLM's 1800 s placement-group wait (FIELD-NOTES, vLLM). Prints the node table as JSON.
 """
@@ -58,6 +59,32 @@ def table(rows):
                      for r in (head, *rows))
 
 
+def node_table_reader(address):
+    """A function returning Ray's node table (what `ray.nodes()` returns).
+
+    Read from the GCS alone (a GCS client, no driver, like `ray status`): `ray.init` would register a job, and the
+    head's raylet answers the first job by prestarting Python workers — seconds of CPU spent
+    while the workers join and vLLM loads. Ray's private API may move between releases, so any
+    error there falls back to a driver (`ray.init`), which is public and slower.
+    """
+    import ray  # imported late: the pure helpers above are unit-tested without Ray
+
+    try:
+        from ray._private import state
+        from ray._raylet import GcsClientOptions
+
+        gcs = state.GlobalState()
+        gcs._initialize_global_state(GcsClientOptions.create(
+            address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False))
+        gcs.node_table()
+        return gcs.node_table
+    except Exception as err:  # noqa: BLE001 - any failure of the private path: use the public one
+        print(f"[spark-vllm] gate: reading the GCS directly failed ({err!r}); using ray.init",
+              file=sys.stderr)
+    ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return ray.nodes
+
+
 def main():
     payload = json.loads(sys.argv[1])
     expected, timeout = payload["expected"], payload["timeout"]
@@ -65,12 +92,10 @@ def main():
     if mismatch:
         print(f"[spark-vllm] gate: FAILED: {mismatch}", file=sys.stderr)
         sys.exit(1)
-    import ray  # imported late: the pure helpers above are unit-tested without Ray
-
-    ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+    nodes = node_table_reader(payload["address"])
     start = last = time.monotonic()
     while True:
-        ok, rows = compare(expected, ray.nodes())
+        ok, rows = compare(expected, nodes())
         now = time.monotonic()
         if ok:
             break

@@ -128,6 +128,38 @@ def test_preflight_summary_is_json(tmp_path: Path) -> None:
                                "python": "3.11.2"}
 
 
+def test_gate_program_travels_on_stdin_not_in_the_command() -> None:
+    """A failed remote command is quoted whole in Pulumi's error: the gate's command must stay
+    a few lines, so its expected-vs-seen table is what the operator reads."""
+    spec = duo()
+    text = c.gate_script(spec, [])
+    assert len(text.splitlines()) <= 6 and "import" not in text
+    assert c.gate_program() == (ROOT / "components" / "scripts" / "ray_gate.py").read_text()
+
+
+def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> None:
+    """The Ray/Python read starts a container (~1 s of CPU a node): kept per image id."""
+    spec = spec_from([{"name": "local", "host": "127.0.0.1"}], image="img:1", model="m",
+                     checkGpu=False, imagePull="never")
+    script = c.preflight_script(spec, spec.head)
+    first = run_with_fake_docker(script, tmp=tmp_path)
+    summary = json.loads(first["_stdout"][0])
+    assert (summary["ray"], summary["python"], summary["image_id"]) == (
+        "2.60.0", "3.11.7", "sha256:feedface")
+    cache = tmp_path / ".spark-vllm" / "image-versions" / "feedface"
+    assert cache.read_text() == "2.60.0 3.11.7\n"
+    runs = (tmp_path / "calls.run").read_bytes().count(b"--entrypoint")
+    assert runs == 1
+    second = run_with_fake_docker(script, tmp=tmp_path)
+    assert json.loads(second["_stdout"][0]) == summary
+    assert (tmp_path / "calls.run").read_bytes().count(b"--entrypoint") == 1  # no new container
+    cache.write_text("garbage\n")  # a torn or foreign file is read again, not trusted
+    third = run_with_fake_docker(script, tmp=tmp_path)
+    assert json.loads(third["_stdout"][0]) == summary
+    assert (tmp_path / "calls.run").read_bytes().count(b"--entrypoint") == 2
+    assert cache.read_text() == "2.60.0 3.11.7\n"
+
+
 def test_preflight_checks_the_fabric_address_of_that_node() -> None:
     spec = duo(imagePull="never")
     text = c.preflight_script(spec, spec.nodes[1])
@@ -143,8 +175,9 @@ def test_preflight_checks_the_fabric_address_of_that_node() -> None:
 def test_gate_payload_carries_expected_table() -> None:
     spec = spec_from(lab_nodes(4), tensorParallelSize=2, pipelineParallelSize=2, rayTimeout=30)
     text = c.gate_script(spec, [])
-    payload = json.loads(shlex.split(text.split("python3 - ", 1)[1].split(" <<")[0])[0])
+    payload = json.loads(shlex.split(text.split("python3 - ", 1)[1])[0])
     assert payload["timeout"] == 30
+    assert payload["address"] == "192.168.231.11:6379"  # the head's identity, never "auto"
     assert payload["expected"] == [{"name": f"node-{i}", "ip": f"192.168.231.{10 + i}", "gpus": 1}
                                    for i in range(1, 5)]
     assert "timeout 60 docker exec -i spark-vllm-test-ray-head" in text
@@ -191,7 +224,10 @@ FAKE_DOCKER = r"""#!/bin/sh
 sub=$1
 printf '%s\0' "$@" > "$FAKE/calls.$sub.$$"; cat "$FAKE/calls.$sub.$$" >> "$FAKE/calls.$sub"
 case "$sub" in
-  run) echo 0123456789abcdef0123456789abcdef ;;
+  run) case " $* " in *" --entrypoint python3 "*) echo "2.60.0 3.11.7" ;;
+       *) echo 0123456789abcdef0123456789abcdef ;; esac ;;
+  version) echo 20.10.24 ;;
+  image) echo sha256:feedface ;;
   inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
   logs) echo "Ray runtime started." ;;
   rm) [ -e "$FAKE/rm-fails" ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
