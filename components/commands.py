@@ -24,6 +24,7 @@ STATE_DIR_SH = '"$HOME"/.spark-vllm/'
 # Polling interval of every wait loop. Ray's head is up ~3.6 s after `docker run` on the lab
 # (LAB-NOTES), so half a second costs little and keeps the critical path short.
 POLL_INTERVAL_S = 0.5
+PROBE_ROUND_S = 2
 # Progress line cadence during long waits (model loads take minutes on a Spark).
 PROGRESS_EVERY_S = 10
 
@@ -190,7 +191,8 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
     ]) + "\n"
 
 
-def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[str]) -> list[str]:
+def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[str],
+               sleep_s: float = POLL_INTERVAL_S) -> list[str]:
     return [
         f"deadline=$(( $(date +%s) + {timeout_s} )); start=$(date +%s); last=$start",
         "while :; do",
@@ -202,15 +204,15 @@ def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[st
         f'  [ "$now" -lt "$deadline" ] || fail "not ready within {timeout_s} s"',
         f'  if [ $((now - last)) -ge {PROGRESS_EVERY_S} ]; then '
         f'last=$now; log "waiting for {what} ($((now - start)) s of {timeout_s} s)"; fi',
-        f"  sleep {POLL_INTERVAL_S}",
+        f"  sleep {sleep_s}",
         "done",
     ]
 
 
-def _probe(spec: ClusterSpec, mode: str) -> str:
+def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
     host = "127.0.0.1" if spec.api_host in ("0.0.0.0", "::") else spec.api_host
     return shlex.join(["python3", "-c", _script_text("vllm_probe.py"), host, str(spec.port),
-                       spec.served_name, mode])
+                       spec.served_name, mode, *extra])
 
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) -> str:
@@ -242,14 +244,16 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
             f'docker logs "$name" 2>&1 | grep -q {shlex.quote(RAY_STARTED_MARK)}',
             spec.ray_timeout, "Ray head", [])
     elif role == VLLM:
-        probe = _probe(spec, "ready")
+        # The probe polls /health itself for PROBE_ROUND_S per `docker exec`; between rounds
+        # the shell checks the container's state and vLLM's log.
+        probe = _probe(spec, "wait", str(PROBE_ROUND_S))
         pg_check = (
             f'if docker logs --tail 200 "$name" 2>&1 | grep -q {shlex.quote(PG_WAITING_MARK)}; '
             'then fail "vLLM is waiting for a Ray placement group that Ray cannot place: '
             'the IP vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; fi'
         )
         lines += _wait_loop(f'docker exec "$name" {probe} 2>/dev/null', spec.vllm_timeout,
-                            f"vLLM {spec.served_name} to serve", [pg_check])
+                            f"vLLM {spec.served_name} to serve", [pg_check], sleep_s=0.1)
         if spec.smoke_test:
             smoke = _probe(spec, "smoke")
             lines.append(f'docker exec "$name" {smoke} >&2 || fail "smoke request failed"')

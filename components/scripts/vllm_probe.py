@@ -1,12 +1,15 @@
 """vLLM readiness probe, run inside the vLLM container (stdlib only: any vLLM image has it).
 
-argv: HOST PORT SERVED_NAME MODE. MODE "ready": exit 0 when /health is 200 and /v1/models
-lists SERVED_NAME, 1 otherwise. MODE "smoke": one short chat completion, printed.
+argv: HOST PORT SERVED_NAME MODE [SECONDS]. MODE "ready": exit 0 when /health is 200 and
+/v1/models lists SERVED_NAME, 1 otherwise. MODE "wait": the same check every 0.25 s for up to
+SECONDS, so one `docker exec` (one Python start) covers many polls. MODE "smoke": one short
+chat completion, printed.
 The API key comes from the container's env (VLLM_API_KEY), never from argv.
 """
 import json
 import os
 import sys
+import time
 import urllib.error
 import urllib.request
 
@@ -25,15 +28,29 @@ def call(path, body=None, timeout=5.0):
         return resp.status, resp.read().decode()
 
 
-try:
-    if mode == "ready":
-        status, _ = call("/health")
+WAIT_POLL_S = 0.25
+
+
+def ready():
+    """None when serving SERVED_NAME, else why not."""
+    try:
+        status, _ = call("/health", timeout=2.0)
         if status != 200:
-            sys.exit(1)
-        _, body = call("/v1/models")
+            return f"/health answered {status}"
+        _, body = call("/v1/models", timeout=2.0)
         ids = [m.get("id") for m in json.loads(body).get("data", [])]
-        if served not in ids:
-            print(f"/v1/models lists {ids}, not {served!r}", file=sys.stderr)
+    except (OSError, ValueError, urllib.error.URLError) as err:
+        return f"{err}"
+    return None if served in ids else f"/v1/models lists {ids}, not {served!r}"
+
+
+try:
+    if mode in ("ready", "wait"):
+        end = time.monotonic() + (float(sys.argv[5]) if mode == "wait" else 0.0)
+        while (why := ready()) is not None and time.monotonic() < end:
+            time.sleep(WAIT_POLL_S)
+        if why is not None:
+            print(f"{mode}: {why}", file=sys.stderr)
             sys.exit(1)
     elif mode == "smoke":
         body = {"model": served, "max_tokens": 16,

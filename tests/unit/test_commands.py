@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -344,3 +345,69 @@ def test_gate_checks_gpus_and_versions() -> None:
     assert gate.version_problem(same) is None
     diff = [same[0], '{"node": "b", "ray": "2.54.0", "python": "3.12.1"}']
     assert "b: ray 2.54.0, python 3.12.1" in gate.version_problem(diff)
+
+
+# --- the vLLM readiness probe, against a local HTTP server -----------------------------------
+
+def serve_vllm_like(ready_after_s: float, served: str = "m"):
+    """An HTTP server on loopback answering like vLLM: /health 503 until `ready_after_s`."""
+    import http.server
+    import threading
+    import time
+
+    ready_at = time.monotonic() + ready_after_s
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            up = time.monotonic() >= ready_at
+            body = json.dumps({"data": [{"id": served}]}).encode() if up else b"loading"
+            self.send_response(200 if up else 503)
+            self.end_headers()
+            self.wfile.write(body if self.path == "/v1/models" or not up else b"")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def run_probe(port: int, *args: str) -> tuple[subprocess.CompletedProcess, float]:
+    import time
+
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", c._script_text("vllm_probe.py"), "127.0.0.1",
+                           str(port), "m", *args], capture_output=True, text=True, timeout=30)
+    return done, time.monotonic() - start
+
+
+def test_probe_wait_returns_soon_after_vllm_serves() -> None:
+    server = serve_vllm_like(ready_after_s=1.0)
+    try:
+        done, took = run_probe(server.server_address[1], "wait", "5")
+    finally:
+        server.shutdown()
+    assert done.returncode == 0, done.stderr
+    assert 1.0 <= took < 4.0  # polled every 0.25 s, not the whole round
+
+
+def test_probe_wait_gives_up_after_its_round_with_the_reason() -> None:
+    server = serve_vllm_like(ready_after_s=60)
+    try:
+        done, took = run_probe(server.server_address[1], "wait", "1")
+        once, _ = run_probe(server.server_address[1], "ready")
+    finally:
+        server.shutdown()
+    assert done.returncode == 1 and 1.0 <= took < 4.0
+    assert "503" in done.stderr
+    assert once.returncode == 1
+
+
+def test_probe_names_a_wrong_served_model() -> None:
+    server = serve_vllm_like(ready_after_s=0, served="other")
+    try:
+        done, _ = run_probe(server.server_address[1], "ready")
+    finally:
+        server.shutdown()
+    assert done.returncode == 1 and "lists ['other'], not 'm'" in done.stderr
