@@ -209,10 +209,25 @@ def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[st
     ]
 
 
+# In the vLLM command's stdin, this line separates the env-file (one-line `KEY=value`s and
+# comments, so it cannot occur there) from the readiness probe's program that follows it.
+PROBE_SEPARATOR = "#--- spark-vllm: vllm_probe.py follows ---"
+PROBE_FILE = ".vllm-probe.py"
+
+
+def vllm_stdin(hf_token: str | None, api_key: str | None) -> str:
+    """stdin of the vLLM command: its env-file, then the probe's Python. The probe used to be
+    inlined twice in `create`, and a failed command is quoted whole in Pulumi's error."""
+    return (secret_env_file(VLLM, hf_token, api_key) + PROBE_SEPARATOR + "\n"
+            + _script_text("vllm_probe.py"))
+
+
 def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
+    """Run the probe (written by the vLLM command from its stdin) inside the vLLM container."""
     host = "127.0.0.1" if spec.api_host in ("0.0.0.0", "::") else spec.api_host
-    return shlex.join(["python3", "-c", _script_text("vllm_probe.py"), host, str(spec.port),
-                       spec.served_name, mode, *extra])
+    return ('docker exec -i "$name" '
+            + shlex.join(["python3", "-", host, str(spec.port), spec.served_name, mode, *extra])
+            + f" < {PROBE_FILE}")
 
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) -> str:
@@ -227,7 +242,17 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         f"stack={shlex.quote(spec.stack)}",
         f"name={shlex.quote(container_name(spec, role))}",
         f"umask 077; mkdir -p {STATE_DIR_SH}\"$stack\"; cd {STATE_DIR_SH}\"$stack\"",
-        f"cat > {shlex.quote(env_file_name(role))}",
+        *([f"cat > {shlex.quote(env_file_name(role))}"] if role != VLLM else [
+            # stdin = env-file, separator, probe program (vllm_stdin); the probe file lives
+            # only while this command runs
+            f"trap 'rm -f {PROBE_FILE} {PROBE_FILE}.in; cd /; rmdir {STATE_DIR_SH}\"$stack\""
+            " 2>/dev/null || true' EXIT",
+            f"cat > {PROBE_FILE}.in",
+            f"sed {shlex.quote('/^' + PROBE_SEPARATOR + '$/,$d')} {PROBE_FILE}.in "
+            f"> {shlex.quote(env_file_name(role))}",
+            f"sed {shlex.quote('1,/^' + PROBE_SEPARATOR + '$/d')} {PROBE_FILE}.in > {PROBE_FILE}",
+            f"rm -f {PROBE_FILE}.in",
+        ]),
         "fail() {",
         '  log "FAILED: $*"',
         '  docker logs --tail 60 "$name" 2>&1 | sed "s/^/    | /" >&2 || true',
@@ -252,11 +277,11 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
             'then fail "vLLM is waiting for a Ray placement group that Ray cannot place: '
             'the IP vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; fi'
         )
-        lines += _wait_loop(f'docker exec "$name" {probe} 2>/dev/null', spec.vllm_timeout,
+        lines += _wait_loop(f"{probe} 2>/dev/null", spec.vllm_timeout,
                             f"vLLM {spec.served_name} to serve", [pg_check], sleep_s=0.1)
         if spec.smoke_test:
             smoke = _probe(spec, "smoke")
-            lines.append(f'docker exec "$name" {smoke} >&2 || fail "smoke request failed"')
+            lines.append(f'{smoke} >&2 || fail "smoke request failed"')
     lines += ['log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"']
     return "\n".join(lines) + "\n"
 

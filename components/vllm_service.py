@@ -33,7 +33,7 @@ class VllmService(pulumi.ComponentResource):
         spec, cluster = args.spec, args.cluster
         stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
             pulumi.Output.all(args.hf_token, args.api_key).apply(
-                lambda v: commands.secret_env_file(commands.VLLM, v[0], v[1])))
+                lambda v: commands.vllm_stdin(v[0], v[1])))
         self.serve = node_command(
             f"{name}-serve", self, args.head,
             create=commands.start_script(spec, spec.head, commands.VLLM,

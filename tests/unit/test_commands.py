@@ -228,6 +228,7 @@ case "$sub" in
   run) case " $* " in *" --entrypoint python3 "*) echo "2.60.0 3.11.7" ;;
        *) echo 0123456789abcdef0123456789abcdef ;; esac ;;
   version) echo 20.10.24 ;;
+  exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin" ;;
   image) echo sha256:feedface ;;
   inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
   logs) echo "Ray runtime started." ;;
@@ -239,7 +240,7 @@ esac
 
 def run_with_fake_docker(script: str, status: str = "running", gone: bool = False,
                          rm_fails: bool = False, tmp: Path | None = None,
-                         check: bool = True) -> dict[str, list[str]]:
+                         check: bool = True, stdin: str = "HF_TOKEN=x\n") -> dict[str, list[str]]:
     import tempfile
     tmp = tmp or Path(tempfile.mkdtemp())
     (tmp / "bin").mkdir(exist_ok=True)
@@ -253,7 +254,7 @@ def run_with_fake_docker(script: str, status: str = "running", gone: bool = Fals
         (tmp / "rm-fails").touch()
     env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}", "FAKE": str(tmp),
            "HOME": str(tmp)}
-    proc = subprocess.run(["sh", "-c", script], input="HF_TOKEN=x\n", capture_output=True,
+    proc = subprocess.run(["sh", "-c", script], input=stdin, capture_output=True,
                           text=True, env=env, timeout=30)
     if check:
         assert proc.returncode == 0, proc.stderr
@@ -289,6 +290,30 @@ def test_start_failure_shows_logs_and_leaves_nothing(tmp_path: Path) -> None:
     assert not (tmp_path / ".spark-vllm" / "duo" / "ray-head.env").exists()
     rm_calls = (tmp_path / "calls.rm").read_bytes().decode().split("\0")
     assert rm_calls.count("spark-vllm-duo-ray-head") == 2  # leftover removal + cleanup
+
+
+def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> None:
+    spec = duo(smokeTest=True)
+    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    assert "import" not in script  # the probe's Python is not inlined in the command
+    out = run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin("hf-x", "key-y"))
+    state = tmp_path / ".spark-vllm" / "duo"
+    assert (state / "vllm.env").read_text() == c.secret_env_file(c.VLLM, "hf-x", "key-y")
+    assert sorted(p.name for p in state.iterdir()) == ["vllm.env"]  # no probe file left
+    probe = c._script_text("vllm_probe.py")
+    # one readiness round (the fake answers at once), then the smoke request: both got the probe
+    assert (tmp_path / "exec.stdin").read_text() == probe * 2
+    assert {"wait", "smoke"} <= set(out["exec"])
+    assert "ready: spark-vllm-duo-vllm" in out["_stderr"][0]
+
+
+def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
+    spec = duo()
+    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    out = run_with_fake_docker(script, status="exited", tmp=tmp_path, check=False,
+                               stdin=c.vllm_stdin(None, None))
+    assert out["_rc"] == ["1"] and "FAILED: container is exited" in out["_stderr"][0]
+    assert not (tmp_path / ".spark-vllm" / "duo").exists()
 
 
 def test_remove_is_idempotent_but_not_blind(tmp_path: Path) -> None:

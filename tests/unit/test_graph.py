@@ -8,6 +8,7 @@ import json
 import pulumi
 import pytest
 
+from components import commands as c
 from components.program import Secrets
 from tests.unit.harness import (
     API_KEY,
@@ -186,5 +187,6 @@ def test_bad_config_is_refused_before_any_resource() -> None:
 
 def test_secrets_optional() -> None:
     g = run(spec_from(lab_nodes(2)), Secrets(ssh_private_key=pulumi.Output.secret(SSH_KEY)))
-    assert "VLLM_API_KEY" not in g["vllm-serve"].plain("stdin")
+    env_part = g["vllm-serve"].plain("stdin").split(c.PROBE_SEPARATOR)[0]
+    assert "VLLM_API_KEY" not in env_part and "HF_TOKEN" not in env_part
     assert "HF_TOKEN" not in g["ray-head"].plain("stdin")
