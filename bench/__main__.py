@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "machine": machine.describe(engine_env()),
         "config": {"runs": args.runs, "nodes": sizes, "contenders": names, "only": args.only,
-                   "join_cap_s": args.join_cap, "ray_timeout_s": 20, "stack": STACK},
+                   "join_cap_s": args.join_cap, "ray_timeout_s": report.DEFAULT_RAY_TIMEOUT_S, "stack": STACK},
         "runs": [],
         "preview": [],
     }

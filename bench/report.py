@@ -9,6 +9,9 @@ from typing import Any
 
 from bench.scenarios import SCENARIOS
 from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
+from components.spec import _Settings
+
+DEFAULT_RAY_TIMEOUT_S = _Settings.model_fields["ray_timeout"].default
 
 TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_change":
           "env change → serving", "vllm_change": "vLLM-arg change → serving",
@@ -18,6 +21,8 @@ TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_chang
 def markdown(result: dict[str, Any]) -> str:
     runs, preview, cfg, mach = result["runs"], result["preview"], result["config"], result["machine"]
     cap = cfg["join_cap_s"]
+    rt = cfg.get("ray_timeout_s", 60)
+    rt_note = " (the default)" if rt == DEFAULT_RAY_TIMEOUT_S else f" (default {DEFAULT_RAY_TIMEOUT_S})"
     lines = [
         "# spark-vllm benchmark results",
         "",
@@ -29,7 +34,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"Python {mach['python']}.",
         "",
         "Setup: the lab (`python -m lab up --nodes N --stack bench`), image `spark-vllm-sim:lab` "
-        "(vllm-sim loads in 3 s), TP = N. spark-vllm runs with `rayTimeout: 20` (default 60); "
+        f"(vllm-sim loads in 3 s), TP = N. spark-vllm runs with `rayTimeout: {rt}`{rt_note}; "
         f"the join-failure wait is capped at {cap:.0f} s for the launcher and the bare path. "
         "See bench/README.md for what each contender runs.",
         "",

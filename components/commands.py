@@ -33,6 +33,10 @@ RAY_STARTED_MARK = "Ray runtime started"
 # vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
 # with the gate passed it means vLLM asks Ray for something Ray does not have (the seeds' hang).
 PG_WAITING_MARK = "Waiting for creating a placement group"
+# A worker's `ray start` logs this 5 s into a GCS connection that never completes, then keeps
+# retrying for minutes. The head is up by then (its command waited for it), so the path from
+# this node to the head's identity IP is broken: the fabric, a route or a firewall.
+GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
 
 
 def container_name(spec: ClusterSpec, role: str) -> str:
@@ -232,7 +236,7 @@ def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) -> str:
     """`create` of a container command: remove leftovers, write the env-file from stdin, run,
-    wait until ready (head: Ray up; vLLM: serving), print the container id on stdout.
+    wait until ready (head: Ray up; worker: joined the head; vLLM: serving), print the container id on stdout.
 
     On failure the container is removed after its log tail is shown, so nothing is left
     half-done on the node and a rerun starts clean.
@@ -268,6 +272,19 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         lines += _wait_loop(
             f'docker logs "$name" 2>&1 | grep -q {shlex.quote(RAY_STARTED_MARK)}',
             spec.ray_timeout, "Ray head", [])
+    elif role == WORKER:
+        # Wait here, on the node that sees why, for this worker to join: a blocked fabric is
+        # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
+        gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
+        started = f'docker logs "$name" 2>&1 | grep -q {shlex.quote(RAY_STARTED_MARK)}'
+        unreachable = (
+            f'if docker logs "$name" 2>&1 | grep -q {shlex.quote(GCS_UNREACHABLE_MARK)} '
+            f'&& ! {started}; then '
+            f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
+            f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi'
+        )
+        lines += _wait_loop(started, spec.ray_timeout, f"Ray worker to join the head at {gcs}",
+                            [unreachable])
     elif role == VLLM:
         # The probe polls /health itself for PROBE_ROUND_S per `docker exec`; between rounds
         # the shell checks the container's state and vLLM's log.

@@ -125,7 +125,7 @@ class _Settings(_Strict):
     vllm_args: tuple[str, ...] = ()
     docker_gpus: str = Field("all", pattern=r"^[^\s]+$")
     check_gpu: bool = True
-    ray_timeout: int = Field(60, ge=5, le=3600)  # gate bound; a join takes ~2 s on the lab
+    ray_timeout: int = Field(60, ge=5, le=3600)  # head start, worker join, gate; ~2 s on the lab
     vllm_timeout: int = Field(1800, ge=10, le=86400)  # model load of 122B FP8 takes minutes
     smoke_test: bool = True
 

@@ -231,7 +231,7 @@ case "$sub" in
   exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin" ;;
   image) echo sha256:feedface ;;
   inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
-  logs) echo "Ray runtime started." ;;
+  logs) cat "$FAKE/logs" 2>/dev/null || echo "Ray runtime started." ;;
   rm) [ -e "$FAKE/rm-fails" ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
       [ -e "$FAKE/gone" ] && { echo "Error: No such container: x" >&2; exit 1; }; exit 0 ;;
 esac
@@ -314,6 +314,24 @@ def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
                                stdin=c.vllm_stdin(None, None))
     assert out["_rc"] == ["1"] and "FAILED: container is exited" in out["_stderr"][0]
     assert not (tmp_path / ".spark-vllm" / "duo").exists()
+
+
+def test_worker_waits_to_join_and_names_an_unreachable_head(tmp_path: Path) -> None:
+    spec = duo()
+    script = c.start_script(spec, spec.nodes[1], c.WORKER, c.worker_run_argv(spec, spec.nodes[1]))
+    (tmp_path / "ok").mkdir()
+    joined = run_with_fake_docker(script, tmp=tmp_path / "ok")
+    assert "ready: spark-vllm-duo-ray-worker" in joined["_stderr"][0]
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "logs").write_text(
+        "Local node IP: 192.168.200.13\n[W rpc_client.h:153] Failed to connect to GCS at "
+        "address 192.168.200.12:6379 within 5 seconds.\n")
+    out = run_with_fake_docker(script, tmp=tmp_path / "bad", check=False)
+    assert out["_rc"] == ["1"]
+    assert ("spark-b: ray-worker: FAILED: cannot reach the Ray head spark-a at "
+            "192.168.200.12:6379 from 192.168.200.13") in out["_stderr"][0]
+    assert "    | [W rpc_client.h:153] Failed to connect to GCS" in out["_stderr"][0]
+    assert not (tmp_path / "bad" / ".spark-vllm" / "duo" / "ray-worker.env").exists()
 
 
 def test_remove_is_idempotent_but_not_blind(tmp_path: Path) -> None:
