@@ -13,23 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
-from vsim_harness import clean_env, start_cluster
+from vsim_harness import HEAD_IP, WORKER_IP, clean_env
 
 from components import commands
 
 pytestmark = pytest.mark.slow
 
-HEAD_IP, WORKER_IP, ABSENT_IP = "127.0.0.2", "127.0.0.3", "127.0.0.9"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = start_cluster(head_vllm_host_ip=HEAD_IP)
-    try:
-        c.add_node(WORKER_IP, vllm_host_ip=WORKER_IP)
-        yield c
-    finally:
-        c.stop()
+ABSENT_IP = "127.0.0.9"
 
 
 def run_gate(cluster, expected: list[dict], timeout: int) -> subprocess.CompletedProcess:

@@ -11,21 +11,11 @@ import pytest
 import ray  # noqa: F401  (installed by make test)
 import requests
 import vllm_sim  # noqa: F401  (installed by make test)
-from vsim_harness import rank_lines, start_cluster, start_serve  # noqa: E402
+from vsim_harness import HEAD_IP, WORKER_IP, rank_lines, start_serve  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-HEAD_IP, WORKER_IP, BAD_WORKER_IP = "127.0.0.2", "127.0.0.3", "127.0.0.4"
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = start_cluster(head_vllm_host_ip=HEAD_IP)
-    try:
-        c.add_node(WORKER_IP, vllm_host_ip=WORKER_IP)
-        yield c
-    finally:
-        c.stop()
+BAD_WORKER_IP = "127.0.0.4"
 
 
 @pytest.fixture(scope="module")

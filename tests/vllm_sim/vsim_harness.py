@@ -28,6 +28,7 @@ import requests
 
 BIN = Path(sys.executable).parent
 NODE_START_TIMEOUT_S = 60.0
+HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # the `cluster` fixture (conftest.py)
 SERVER_READY_TIMEOUT_S = 60.0
 
 
