@@ -11,17 +11,16 @@ say where the time went; the work the engine does is the same as with the text d
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bench import profile
-from bench.common import LOG_DIR, REPO, STACK, Lab, Result, run, ssh
+from bench.common import LOG_DIR, STACK, Lab, Result, run, ssh
 from bench.contenders import Contender, Outcome
 from components.spec import NAMESPACE
-from lab import keys
+from lab import envsh, keys
 
 VLLM_TIMEOUT_S = 300  # vllm-sim loads in ~3 s; a bound, not a wait
 PULUMI_TIMEOUT_S = 600
@@ -29,9 +28,7 @@ PULUMI_TIMEOUT_S = 600
 
 def engine_env() -> dict[str, str]:
     """The environment `source lab/env.sh` gives an operator (engine on PATH, file backend)."""
-    out = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null && env -0"], cwd=REPO,
-                         capture_output=True, check=True).stdout.decode()
-    return dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+    return envsh.sourced()
 
 
 def _reason(out: str) -> str:

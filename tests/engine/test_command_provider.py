@@ -28,6 +28,8 @@ import pulumi.automation as auto
 import pulumi_command as command
 import pytest
 
+from lab import envsh
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,14 +39,6 @@ SECRET_STDIN = "stdin-s3cret-" + os.urandom(4).hex()
 
 
 # --- engine ----------------------------------------------------------------------------------------
-def _env_sh() -> dict[str, str]:
-    r = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null 2>&1 && env -0"], cwd=REPO,
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.fail("lab/env.sh failed: no Pulumi CLI (lab/tools.sh)")
-    return dict(kv.split("=", 1) for kv in r.stdout.decode().split("\0") if "=" in kv)
-
-
 @dataclass
 class Engine:
     env: dict[str, str]
@@ -59,7 +53,7 @@ class Engine:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    e = _env_sh()
+    e = envsh.sourced()
     pulumi_bin = shutil.which("pulumi", path=e.get("PATH", ""))
     if pulumi_bin is None:
         pytest.fail("no pulumi CLI after `source lab/env.sh`")

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from lab import envsh
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,17 +64,9 @@ pulumi.export("env", {
 '''
 
 
-def _engine_env() -> dict[str, str]:
-    r = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null 2>&1 && env -0"], cwd=REPO,
-                       capture_output=True)
-    if r.returncode != 0:
-        pytest.fail("lab/env.sh failed: no Pulumi CLI (lab/tools.sh)")
-    return dict(kv.split("=", 1) for kv in r.stdout.decode().split("\0") if "=" in kv)
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    e = _engine_env()
+    e = envsh.sourced()
     tool_bin = e.get("SPARK_VLLM_TOOLCHAIN_BIN", "")
     if not tool_bin or not Path(tool_bin, "pulumi-language-python-exec").exists():
         pytest.fail("the toolchain has no pulumi-language-python-exec (lab/tools.sh)")

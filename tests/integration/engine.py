@@ -13,7 +13,7 @@ from typing import Any
 
 from pulumi import automation as auto
 
-from lab import cluster, keys
+from lab import cluster, envsh, keys
 
 REPO = Path(__file__).resolve().parents[2]
 STACK = "lab"
@@ -22,9 +22,7 @@ LOG_DIR = REPO / ".lab" / "logs"
 
 def engine_env() -> dict[str, str]:
     """The same environment `source lab/env.sh` gives a user (engine on PATH, file backend)."""
-    out = subprocess.run(["bash", "-c", "source lab/env.sh >/dev/null && env -0"], cwd=REPO,
-                         capture_output=True, check=True).stdout.decode()
-    env = dict(kv.split("=", 1) for kv in out.split("\0") if "=" in kv)
+    env = envsh.sourced()
     keep = ("PATH", "PULUMI_")
     return {k: v for k, v in env.items() if k.startswith(keep)}
 
