@@ -197,13 +197,19 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
 
 def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[str],
                sleep_s: float = POLL_INTERVAL_S) -> list[str]:
+    """Poll until `ready_test` passes; fail when the container stops, a check fails or time is
+    up. Each round reads the container's state and its last 200 log lines once (two docker
+    calls: many nodes share few CPUs on the lab, and a Spark's are busy starting Ray);
+    `has TEXT` matches those lines without another process."""
     return [
+        'has() { case "$logs" in *"$1"*) return 0 ;; esac; return 1; }',
         f"deadline=$(( $(date +%s) + {timeout_s} )); start=$(date +%s); last=$start",
         "while :; do",
         '  status=$(docker inspect --format "{{.State.Status}}" "$name" 2>/dev/null || echo gone)',
         '  [ "$status" = running ] || fail "container is $status before ready"',
-        *[f"  {line}" for line in extra_checks],
+        '  logs=$(docker logs --tail 200 "$name" 2>&1 || true)',
         f"  if {ready_test}; then break; fi",
+        *[f"  {line}" for line in extra_checks],
         "  now=$(date +%s)",
         f'  [ "$now" -lt "$deadline" ] || fail "not ready within {timeout_s} s"',
         f'  if [ $((now - last)) -ge {PROGRESS_EVERY_S} ]; then '
@@ -269,28 +275,25 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         f"cid=$({shlex.join(argv)})",
     ]
     if role == HEAD:
-        lines += _wait_loop(
-            f'docker logs "$name" 2>&1 | grep -q {shlex.quote(RAY_STARTED_MARK)}',
-            spec.ray_timeout, "Ray head", [])
+        lines += _wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
+                            "Ray head", [])
     elif role == WORKER:
         # Wait here, on the node that sees why, for this worker to join: a blocked fabric is
         # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
         gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
-        started = f'docker logs "$name" 2>&1 | grep -q {shlex.quote(RAY_STARTED_MARK)}'
         unreachable = (
-            f'if docker logs "$name" 2>&1 | grep -q {shlex.quote(GCS_UNREACHABLE_MARK)} '
-            f'&& ! {started}; then '
+            f"if has {shlex.quote(GCS_UNREACHABLE_MARK)}; then "
             f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
             f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi'
         )
-        lines += _wait_loop(started, spec.ray_timeout, f"Ray worker to join the head at {gcs}",
-                            [unreachable])
+        lines += _wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
+                            f"Ray worker to join the head at {gcs}", [unreachable])
     elif role == VLLM:
         # The probe polls /health itself for PROBE_ROUND_S per `docker exec`; between rounds
         # the shell checks the container's state and vLLM's log.
         probe = _probe(spec, "wait", str(PROBE_ROUND_S))
         pg_check = (
-            f'if docker logs --tail 200 "$name" 2>&1 | grep -q {shlex.quote(PG_WAITING_MARK)}; '
+            f"if has {shlex.quote(PG_WAITING_MARK)}; "
             'then fail "vLLM is waiting for a Ray placement group that Ray cannot place: '
             'the IP vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; fi'
         )

@@ -228,7 +228,8 @@ case "$sub" in
   run) case " $* " in *" --entrypoint python3 "*) echo "2.60.0 3.11.7" ;;
        *) echo 0123456789abcdef0123456789abcdef ;; esac ;;
   version) echo 20.10.24 ;;
-  exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin" ;;
+  exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin"
+        [ ! -e "$FAKE/exec-fails" ] ;;
   image) echo sha256:feedface ;;
   inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
   logs) cat "$FAKE/logs" 2>/dev/null || echo "Ray runtime started." ;;
@@ -305,6 +306,19 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
     assert (tmp_path / "exec.stdin").read_text() == probe * 2
     assert {"wait", "smoke"} <= set(out["exec"])
     assert "ready: spark-vllm-duo-vllm" in out["_stderr"][0]
+
+
+def test_vllm_waiting_for_a_placement_group_fails_at_once(tmp_path: Path) -> None:
+    """The seeds' hang: vLLM logs that it waits for a placement group Ray cannot place."""
+    spec = duo()
+    (tmp_path / "exec-fails").touch()  # never serving
+    (tmp_path / "logs").write_text("INFO ray_utils.py: Waiting for creating a placement group of "
+                                   "specs for 10 seconds. specs=[{'node:192.168.200.12': 0.001}]\n")
+    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None, None))
+    assert out["_rc"] == ["1"]
+    assert "FAILED: vLLM is waiting for a Ray placement group" in out["_stderr"][0]
+    assert "    | INFO ray_utils.py: Waiting for creating a placement group" in out["_stderr"][0]
 
 
 def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
