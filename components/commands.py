@@ -242,7 +242,8 @@ def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) -> str:
     """`create` of a container command: remove leftovers, write the env-file from stdin, run,
-    wait until ready (head: Ray up; worker: joined the head; vLLM: serving), print the container id on stdout.
+    wait until ready (head: Ray up; worker: joined the head; vLLM: serving), print the
+    container id on stdout.
 
     On failure the container is removed after its log tail is shown, so nothing is left
     half-done on the node and a rerun starts clean.
