@@ -57,6 +57,7 @@ def node_command(
     name: str, parent: pulumi.Resource, node: SparkNode, create: pulumi.Input[str],
     triggers: list[Any], depends_on: list[pulumi.Resource],
     delete: str | None = None, stdin: pulumi.Input[str] | None = None,
+    ignore_changes: list[str] | None = None,
 ) -> remote.Command:
     """A remote.Command on `node` that is replaced as a whole, never updated in place, and
     deleted before its replacement starts (invariant 2): pulumi-command would otherwise run a
@@ -72,7 +73,8 @@ def node_command(
         triggers=triggers,
         add_previous_output_in_env=False,  # it would need sshd AcceptEnv; nothing reads it
         opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on,
-                                    delete_before_replace=True, replace_on_changes=["*"]),
+                                    delete_before_replace=True, replace_on_changes=["*"],
+                                    ignore_changes=ignore_changes),
     )
 
 

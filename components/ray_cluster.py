@@ -64,6 +64,9 @@ class RayCluster(pulumi.ComponentResource):
             create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
                 lambda reports: commands.gate_script(spec, [r.strip() for r in reports])),
             stdin=commands.gate_program(),
+            # the program runs only at create; a newer one (an upgrade of spark-vllm) must not
+            # replace a passed gate, and with it vLLM, whose triggers hold the gate's id
+            ignore_changes=["stdin"],
             triggers=[c.stdout for c in containers],
             depends_on=list(containers),
         )

@@ -57,6 +57,7 @@ class Registered:
     inputs: dict[str, Any]  # protobuf JSON: secrets stay wrapped in their sentinel
     delete_before_replace: bool
     replace_on_changes: list[str]
+    ignore_changes: list[str]
     dependencies: list[str]
     property_dependencies: dict[str, list[str]] = field(default_factory=dict)
 
@@ -100,6 +101,7 @@ def run(spec: ClusterSpec, secrets: Secrets | None = None) -> dict[str, Register
             inputs=MessageToDict(req.object),
             delete_before_replace=req.deleteBeforeReplace,
             replace_on_changes=list(req.replaceOnChanges),
+            ignore_changes=list(req.ignoreChanges),
             dependencies=list(req.dependencies),
             property_dependencies={k: list(v.urns) for k, v in req.propertyDependencies.items()},
         )

@@ -52,6 +52,15 @@ def test_every_command_is_replaced_never_mutated(n: int) -> None:
             assert "*" in r.replace_on_changes, name
 
 
+def test_a_new_gate_program_alone_restarts_nothing() -> None:
+    """The gate's Python only runs at create: when an upgrade of spark-vllm changes it, the
+    running gate must not be replaced, because vLLM (minutes of model load) follows the gate's
+    id. Everything else of every command still replaces."""
+    ignored = {name: r.ignore_changes for name, r in graph(2).items() if r.type == CMD}
+    assert ignored.pop("ray-gate") == ["stdin"]
+    assert set(map(tuple, ignored.values())) == {()}
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_chain_is_linked_through_trigger_inputs(n: int) -> None:
     g = graph(n)
