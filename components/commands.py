@@ -275,20 +275,20 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",
     ]
-    if role == HEAD:
-        lines += _wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
-                            "Ray head", [])
-    elif role == WORKER:
-        # Wait here, on the node that sees why, for this worker to join: a blocked fabric is
-        # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
+    if role in (HEAD, WORKER):
+        # Both wait for `ray start` to say it is up; a worker waits here, on the node that sees
+        # why, for its join: a blocked fabric is reported in ~6 s with the worker's own log,
+        # not after the gate's rayTimeout.
         gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
         unreachable = (
             f"if has {shlex.quote(GCS_UNREACHABLE_MARK)}; then "
             f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
             f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi'
         )
-        lines += _wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
-                            f"Ray worker to join the head at {gcs}", [unreachable])
+        lines += _wait_loop(
+            f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
+            "Ray head" if role == HEAD else f"Ray worker to join the head at {gcs}",
+            [] if role == HEAD else [unreachable])
     elif role == VLLM:
         # The probe polls /health itself for PROBE_ROUND_S per `docker exec`; between rounds
         # the shell checks the container's state and vLLM's log.
