@@ -16,8 +16,9 @@ from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
 from bench.contenders.launcher import Launcher
-from bench.contenders.spark_vllm import SparkVllm, engine_env
-from lab import cluster, config
+from bench.contenders.spark_vllm import SparkVllm
+from components.spec import DEFAULT_RAY_TIMEOUT_S
+from lab import cluster, config, envsh
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHOICES = ("spark-vllm", "launcher", "bare")
@@ -116,9 +117,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     result: dict[str, Any] = {
-        "machine": machine.describe(engine_env()),
+        "machine": machine.describe(envsh.sourced()),
         "config": {"runs": args.runs, "nodes": sizes, "contenders": names, "only": args.only,
-                   "join_cap_s": args.join_cap, "ray_timeout_s": report.DEFAULT_RAY_TIMEOUT_S, "stack": STACK},
+                   "join_cap_s": args.join_cap, "ray_timeout_s": DEFAULT_RAY_TIMEOUT_S,
+                   "stack": STACK},
         "runs": [],
         "preview": [],
     }

@@ -20,8 +20,7 @@ from typing import Any
 import yaml
 
 from bench.common import REPO, WORK_DIR, run, say
-from bench.contenders.spark_vllm import engine_env
-from lab import keys
+from lab import envsh, keys
 
 SIZES = (2, 8, 32)
 SAMPLE_S = 0.05
@@ -111,7 +110,7 @@ def run_all(runs: int, sizes: tuple[int, ...] = SIZES) -> list[dict[str, Any]]:
     backend = WORK_DIR / "preview-state"
     shutil.rmtree(backend, ignore_errors=True)
     backend.mkdir(parents=True)
-    env = {**engine_env(), "PULUMI_BACKEND_URL": f"file://{backend}"}
+    env = {**envsh.sourced(), "PULUMI_BACKEND_URL": f"file://{backend}"}
     key = keys.client_key().read_text()
     records: list[dict[str, Any]] = []
     resources: dict[int, int] = {}

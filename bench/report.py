@@ -9,9 +9,7 @@ from typing import Any
 
 from bench.scenarios import SCENARIOS
 from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
-from components.spec import _Settings
-
-DEFAULT_RAY_TIMEOUT_S = _Settings.model_fields["ray_timeout"].default
+from components.spec import DEFAULT_RAY_TIMEOUT_S
 
 TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_change":
           "env change → serving", "vllm_change": "vLLM-arg change → serving",
@@ -21,8 +19,9 @@ TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_chang
 def markdown(result: dict[str, Any]) -> str:
     runs, preview, cfg, mach = result["runs"], result["preview"], result["config"], result["machine"]
     cap = cfg["join_cap_s"]
-    rt = cfg.get("ray_timeout_s", 60)
-    rt_note = " (the default)" if rt == DEFAULT_RAY_TIMEOUT_S else f" (default {DEFAULT_RAY_TIMEOUT_S})"
+    rt = cfg["ray_timeout_s"]
+    rt_note = (" (the default)" if rt == DEFAULT_RAY_TIMEOUT_S
+               else f" (default {DEFAULT_RAY_TIMEOUT_S})")
     lines = [
         "# spark-vllm benchmark results",
         "",

@@ -107,6 +107,10 @@ class NodeSpec(_Strict):
         return self.fabric_ip or self.host
 
 
+# Bounds the Ray head's start, each worker's join and the gate; a join takes ~2 s on the lab.
+DEFAULT_RAY_TIMEOUT_S = 60
+
+
 class _Settings(_Strict):
     """Top-level keys other than `nodes`; defaults live here and nowhere else."""
 
@@ -125,7 +129,7 @@ class _Settings(_Strict):
     vllm_args: tuple[str, ...] = ()
     docker_gpus: str = Field("all", pattern=r"^[^\s]+$")
     check_gpu: bool = True
-    ray_timeout: int = Field(60, ge=5, le=3600)  # head start, worker join, gate; ~2 s on the lab
+    ray_timeout: int = Field(DEFAULT_RAY_TIMEOUT_S, ge=5, le=3600)  # head start, worker join, gate
     vllm_timeout: int = Field(1800, ge=10, le=86400)  # model load of 122B FP8 takes minutes
     smoke_test: bool = True
 

@@ -26,11 +26,6 @@ VLLM_TIMEOUT_S = 300  # vllm-sim loads in ~3 s; a bound, not a wait
 PULUMI_TIMEOUT_S = 600
 
 
-def engine_env() -> dict[str, str]:
-    """The environment `source lab/env.sh` gives an operator (engine on PATH, file backend)."""
-    return envsh.sourced()
-
-
 def _reason(out: str) -> str:
     """The program's own failure message (the gate's expected-vs-seen table), not the script
     text the command provider repeats in its error."""
@@ -54,7 +49,7 @@ class SparkVllm(Contender):
         super().__init__(lab)
         self.stack_file = stack_file
         self.log = LOG_DIR / "spark-vllm.log"
-        self.env = engine_env()
+        self.env = envsh.sourced()
 
     def _pulumi(self, *args: str, stdin: str | None = None,
                 timeout: float = PULUMI_TIMEOUT_S) -> Result:
