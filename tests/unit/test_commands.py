@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import http.server
 import importlib.util
 import json
 import os
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -408,10 +411,6 @@ def test_gate_checks_gpus_and_versions() -> None:
 
 def serve_vllm_like(ready_after_s: float, served: str = "m"):
     """An HTTP server on loopback answering like vLLM: /health 503 until `ready_after_s`."""
-    import http.server
-    import threading
-    import time
-
     ready_at = time.monotonic() + ready_after_s
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -431,8 +430,6 @@ def serve_vllm_like(ready_after_s: float, served: str = "m"):
 
 
 def run_probe(port: int, *args: str) -> tuple[subprocess.CompletedProcess, float]:
-    import time
-
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", c._script_text("vllm_probe.py"), "127.0.0.1",
                            str(port), "m", *args], capture_output=True, text=True, timeout=30)

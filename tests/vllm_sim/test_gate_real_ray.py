@@ -10,7 +10,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from vsim_harness import HEAD_IP, WORKER_IP, clean_env
@@ -64,8 +63,3 @@ def test_gate_fails_within_its_bound_naming_the_missing_node(cluster):
     unexpected = next(line for line in done.stderr.splitlines() if WORKER_IP in line)
     assert unexpected.startswith("(not in spec)")
     assert took < 5 + 15  # the bound, plus Python and Ray's import on a busy 2-CPU machine
-
-
-def test_gate_is_a_file_in_the_package():
-    assert commands.gate_program() == Path(commands.__file__).with_name("scripts").joinpath(
-        "ray_gate.py").read_text()
