@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import subprocess
@@ -26,6 +27,17 @@ def _mem_gib() -> float:
     return 0.0
 
 
+def _plugins(engine_env: dict[str, str]) -> str:
+    """The plugins the engine loads, as `pulumi plugin ls` names them (kind name version)."""
+    try:
+        proc = subprocess.run(["pulumi", "plugin", "ls", "--json"], cwd=REPO, env=engine_env,
+                              capture_output=True, text=True, timeout=60, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+    return ", ".join(f"{p['kind']} {p['name']} {p.get('version', '')}".strip()
+                     for p in json.loads(proc.stdout or "[]"))
+
+
 def describe(engine_env: dict[str, str]) -> dict[str, Any]:
     import ray
 
@@ -39,6 +51,5 @@ def describe(engine_env: dict[str, str]) -> dict[str, Any]:
         "ray": ray.__version__,
         "pulumi": _out(["pulumi", "version"], engine_env),
         "commit": _out(["git", "rev-parse", "--short", "HEAD"]),
-        "engine": "pulumi CLI + lab/engine stand-ins (pulumi-language-python, "
-                  "pulumi-resource-command)",
+        "engine": _plugins(engine_env),
     }

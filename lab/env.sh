@@ -1,13 +1,14 @@
 # shellcheck shell=bash
 # Source me (bash), from any directory:   source lab/env.sh
 #
-# Puts the Pulumi engine on PATH (lab/tools.sh: the CLI built from Go modules and cached; then
-# lab/engine/bin: the labelled stand-ins for the language host and the command provider, which
-# the module proxy here refuses — a real plugin earlier on PATH wins) and points Pulumi at
-# local, offline state:
+# Puts the real Pulumi engine built by lab/tools.sh on PATH (the CLI with its bundled Python
+# language host), installs the command provider into the lab's plugin cache the way
+# `pulumi plugin install` does for a download, and points Pulumi at local, offline state:
 #   PULUMI_BACKEND_URL=file://<repo>/.lab/state  PULUMI_HOME=<repo>/.lab/pulumi-home
 #   PULUMI_CONFIG_PASSPHRASE (default spark-vllm-lab)  PULUMI_SKIP_UPDATE_CHECK=true
 #   PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+#   PULUMI_IGNORE_AMBIENT_PLUGINS=true   a stray pulumi-resource-* on the user's PATH is not
+#                                        what the lab runs; bundled plugins are still found
 # Safe under `set -euo pipefail`; returns non-zero (never exits the caller's shell) on failure.
 
 if [ -z "${BASH_VERSION:-}" ]; then
@@ -16,11 +17,10 @@ if [ -z "${BASH_VERSION:-}" ]; then
 fi
 
 _svl_env() {
-    local here repo bin
+    local here repo bin plugdir leaf kind rest name version out
     here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) || return 1
     repo=$(cd "$here/.." && pwd) || return 1
     bin=$("$here/tools.sh" | tail -n 1) || { echo "lab/env.sh: lab/tools.sh failed" >&2; return 1; }
-    case ":$PATH:" in *":$repo/lab/engine/bin:"*) ;; *) PATH="$repo/lab/engine/bin:$PATH" ;; esac
     case ":$PATH:" in ":$bin:"*) ;; *) PATH="$bin:$PATH" ;; esac
     mkdir -p "$repo/.lab/state" "$repo/.lab/pulumi-home" || return 1
     export PATH
@@ -30,6 +30,21 @@ _svl_env() {
     export PULUMI_CONFIG_PASSPHRASE="${PULUMI_CONFIG_PASSPHRASE:-spark-vllm-lab}"
     export PULUMI_SKIP_UPDATE_CHECK=true
     export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
+    export PULUMI_IGNORE_AMBIENT_PLUGINS=true
+    # <engine>/plugins/<kind>-<name>-v<version>/<binary>: install each one that the plugin cache
+    # does not hold byte for byte (a rebuilt provider replaces the old one).
+    for plugdir in "$bin"/../plugins/*-v*/; do
+        [ -d "$plugdir" ] || continue
+        leaf=$(basename "$plugdir"); kind=${leaf%%-*}; rest=${leaf#*-}
+        name=${rest%-v*}; version=${rest##*-v}
+        if ! cmp -s "$plugdir/pulumi-$kind-$name" \
+                "$PULUMI_HOME/plugins/$leaf/pulumi-$kind-$name" 2>/dev/null; then
+            out=$("$bin/pulumi" plugin install "$kind" "$name" "$version" --reinstall \
+                --file "$plugdir/pulumi-$kind-$name" 2>&1) ||
+                { echo "lab/env.sh: installing the $kind plugin $name $version failed: $out" >&2
+                  return 1; }
+        fi
+    done
 }
 _svl_rc=0
 _svl_env || _svl_rc=$?

@@ -4,13 +4,11 @@
 #   debootstrap   builds the Debian base image (no registry reachable: LAB-NOTES "Images")
 #   openssh-client, rsync   reaching the nodes as a Spark is reached
 #   iproute2, iptables, curl, ca-certificates   networks, checks, and the CA bundle for pip
-#   openssh-server  sshd binary for tests/engine (a private sshd on loopback; the system
-#                   service is NOT started: policy-rc.d refuses it during the install)
 set -euo pipefail
 
 #   make          the Makefile (make test, make demo)
 #   python3-venv  only when the python3 on PATH is Debian's and cannot make a venv without it
-PKGS=(docker.io debootstrap openssh-client openssh-server iproute2 iptables rsync curl ca-certificates make)
+PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates make)
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then PKGS+=(python3-venv); fi
 
 missing=()
@@ -29,8 +27,8 @@ if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
 echo "system-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
-# no daemon may start from a package's postinst (dockerd is started by lab/dockerd.sh, and the
-# tests run their own sshd): policy-rc.d exit 101 = "action forbidden"
+# no daemon may start from a package's postinst (dockerd is started by lab/dockerd.sh):
+# policy-rc.d exit 101 = "action forbidden"
 policy=/usr/sbin/policy-rc.d
 own_policy=0
 if [ ! -e "$policy" ]; then

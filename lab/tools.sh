@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
-# Make the Pulumi engine available offline, cached outside the repo, in well under a second
-# once built:
+# Build the Pulumi engine once, cached outside the repo, and hand back its bin dir (fast path
+# well under a second once built):
 #
 #   BIN=$(lab/tools.sh | tail -1)      # progress goes to stderr, the bin dir is the last stdout line
 #
-# What runs `pulumi up` here:
-#   pulumi                        the real CLI, built from the Go module proxy (pkg/v3 + sdk/v3)
-#   pulumi-language-python-exec   the real SDK launcher script, copied from the sdk/v3 module
-#   pulumi-language-python        } the real ones cannot be had here: the module proxy answers 403
-#   pulumi-resource-command       } for github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3
-#                                   and github.com/pulumi/pulumi-command/provider at every version
-#                                   and commit (tried 2026-11-30), and no other registry ships them.
-#                                   lab/engine/bin/ holds labelled stand-ins written from their
-#                                   sources; lab/env.sh puts them on PATH *after* this bin dir,
-#                                   so real plugins (on PATH, or built here when
-#                                   SPARK_VLLM_LANGUAGE_PYTHON_VERSION / SPARK_VLLM_COMMAND_PROVIDER_VERSION
-#                                   name a module version the proxy serves) always win.
+# Everything here is a real Pulumi part, built from upstream source:
+#   bin/pulumi                          the CLI, from the Go module proxy (pkg/v3 + sdk/v3)
+#   bin/pulumi-language-python-exec     the SDK's launcher script, from the sdk/v3 module
+#   bin/pulumi-language-python          the Python language host  } from ../shared/vendor/
+#   bin/pulumi-resource-pulumi-python   the dynamic-provider host } pulumi-language-python/
+#   plugins/resource-command-v<V>/pulumi-resource-command
+#                                       pulumi-command's provider, from ../shared/vendor/
+#                                       pulumi-command/ at the version requirements.txt pins
+# The language host and pulumi-python sit next to `pulumi`, where the official CLI tarball ships
+# them (the engine calls them "bundled": found there without a `from $PATH` warning). The
+# command provider is a normal resource plugin: lab/env.sh installs it into the lab's
+# PULUMI_HOME with `pulumi plugin install resource command <V> --file …`, as a download would.
 #
-# Cache: ${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain/pulumi-v<CLI>/bin/, built into
+# The module proxy refuses both plugins *as modules* but serves their dependencies, so they are
+# built from the vendored sources (copied first: ../shared is read-only in CI). Each part is
+# cached under its own key (version + a hash of the sources it comes from), built into
 # <key>.partial/ and renamed when complete, so an interrupted build never looks finished.
+#
+# Cache: ${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain/
+# Sources: ${SPARK_VLLM_VENDOR:-<repo>/../shared/vendor}
 set -euo pipefail
 
 log() { printf '[tools] %s\n' "$*" >&2; }
@@ -26,14 +31,29 @@ die() { log "ERROR: $*"; exit 1; }
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REQ="$HERE/../requirements.txt"
+VENDOR=${SPARK_VLLM_VENDOR:-$(cd "$HERE/../.." && pwd)/shared/vendor}
 pin() { # pin NAME -> version from requirements.txt (NAME==VERSION)
     local v
     v=$(sed -n -E "s/^[[:space:]]*$1[[:space:]]*==[[:space:]]*([0-9][0-9A-Za-z.+-]*).*/\1/p" "$REQ" | head -1)
     [[ -n $v ]] || die "no '$1==X' pin in $REQ"
     printf '%s\n' "$v"
 }
+vendored() { # vendored FOLDER WORD -> the version after WORD in vendor/README.md's row of FOLDER
+    sed -n -E "s/^\| \`$1\/\`.*\| $2 v?([0-9][0-9.]*)[ |].*/\1/p" "$VENDOR/README.md" | head -1
+}
+tree_sum() { # tree_sum DIR -> short content hash of every file under DIR
+    (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)
+}
+
+[[ -f $VENDOR/README.md ]] || die "vendored plugin sources not found at $VENDOR (set SPARK_VLLM_VENDOR)"
 SDK_VERSION=$(pin pulumi)            # Python SDK, e.g. 3.272.0
-CMD_VERSION=$(pin pulumi-command)    # command provider, e.g. 1.2.1
+CMD_VERSION=$(pin pulumi-command)    # command provider the Python SDK asks the engine for
+CMD_SRC="$VENDOR/pulumi-command"
+LANG_SRC="$VENDOR/pulumi-language-python"
+[[ $(vendored pulumi-command tag) == "$CMD_VERSION" ]] ||
+    die "requirements.txt pins pulumi-command==$CMD_VERSION but $CMD_SRC is v$(vendored pulumi-command tag)"
+LANG_VERSION=$(vendored pulumi-language-python sdk)
+[[ -n $LANG_VERSION ]] || die "no sdk version for pulumi-language-python in $VENDOR/README.md"
 
 # The CLI must be >= the Python SDK. The module proxy here serves only some versions: pkg/v3
 # v3.272.0 and v3.273.0 are refused (403, 2026-11-30) while v3.274.1 is served for pkg/v3 and
@@ -44,23 +64,23 @@ case "$SDK_VERSION" in
 esac
 
 CACHE_ROOT=${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain
-FINAL="$CACHE_ROOT/pulumi-v$CLI_VERSION"
-PARTIAL="$FINAL.partial"
-if [[ -x "$FINAL/bin/pulumi" && -x "$FINAL/bin/pulumi-language-python-exec" ]] \
-    && [[ -z ${SPARK_VLLM_LANGUAGE_PYTHON_VERSION:-}${SPARK_VLLM_COMMAND_PROVIDER_VERSION:-} ]]; then
-    echo "$FINAL/bin"   # fast path: no lock, no network
+CLI_DIR="$CACHE_ROOT/cli-v$CLI_VERSION"
+CMD_DIR="$CACHE_ROOT/resource-command-v$CMD_VERSION-$(tree_sum "$CMD_SRC")"
+LANG_DIR="$CACHE_ROOT/language-python-v$LANG_VERSION-$(tree_sum "$LANG_SRC")"
+ENGINE="$CACHE_ROOT/engine-$(printf '%s\n' "$CLI_DIR" "$CMD_DIR" "$LANG_DIR" | sha256sum | cut -c1-12)"
+if [[ -d $ENGINE ]]; then
+    echo "$ENGINE/bin"   # fast path: no lock, no network
     exit 0
 fi
 
-command -v go >/dev/null || die "go not found (Go >= 1.26 builds the Pulumi CLI)"
+command -v go >/dev/null || die "go not found (Go >= 1.26 builds the Pulumi engine)"
 mkdir -p "$CACHE_ROOT"
 exec 9>"$CACHE_ROOT/.lock"
 flock -n 9 || { log "another build holds $CACHE_ROOT/.lock; waiting"; flock 9; }
-[[ -d $FINAL ]] && { rm -rf "$PARTIAL"; mv "$FINAL" "$PARTIAL"; }   # adding an optional plugin
-mkdir -p "$PARTIAL/bin"
 WORK=$(mktemp -d "$CACHE_ROOT/.work.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
 export GOFLAGS="${GOFLAGS:+$GOFLAGS }-mod=mod" GOTOOLCHAIN=${GOTOOLCHAIN:-local} CGO_ENABLED=${CGO_ENABLED:-0}
+T0=$SECONDS
 
 mod_field() { # mod_field MODULE@VERSION FIELD -> one field (Dir, GoMod) of `go mod download -json`
     (cd "$WORK" && go mod download -json "$1" 2>/dev/null) |
@@ -88,51 +108,62 @@ for r in json.load(sys.stdin).get("Replace") or []:
     done
 }
 
-go_build() { # go_build DIR PKG OUT VERSION_VAR=VALUE
-    local tmp="$(dirname "$3")/.$(basename "$3").tmp.$$"
-    (cd "$1" && go build -trimpath -ldflags "-s -w -X $4" -o "$tmp" "$2") || { rm -f "$tmp"; return 1; }
-    mv -f "$tmp" "$3"
+go_build() { # go_build DIR PKG OUT [LDFLAG_X]
+    (cd "$1" && go build -trimpath -ldflags "-s -w${4:+ -X $4}" -o "$3" "$2")
 }
 
-PKG="github.com/pulumi/pulumi/pkg/v3@v$CLI_VERSION"
-SDK="github.com/pulumi/pulumi/sdk/v3@v$CLI_VERSION"
+# part DIR WHAT COLD BUILDER: build DIR (unless complete) by running BUILDER into DIR.partial
+part() {
+    local dir=$1 what=$2 cold=$3 t=$SECONDS
+    shift 3
+    [[ -d $dir ]] && return 0
+    rm -rf "$dir.partial" && mkdir -p "$dir.partial"
+    log "building $what${cold:+ (cold: $cold)}"
+    "$@" "$dir.partial" || die "building $what failed"
+    mv "$dir.partial" "$dir"
+    log "$what built in $((SECONDS - t)) s"
+}
+
 VERSION_X=github.com/pulumi/pulumi/sdk/v3/go/common/version.Version
-if [[ ! -x "$PARTIAL/bin/pulumi" ]]; then
-    log "building the pulumi CLI v$CLI_VERSION from Go modules (cold: ~5 min on 2 cores)"
-    t0=$SECONDS
-    wrapper_module "$WORK/cli" "$PKG" "$SDK" || die "the module proxy does not serve $PKG and $SDK"
-    go_build "$WORK/cli" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi "$PARTIAL/bin/pulumi" \
-        "$VERSION_X=v$CLI_VERSION" || die "building the pulumi CLI failed"
-    log "pulumi CLI v$CLI_VERSION built in $((SECONDS - t0)) s"
-fi
-if [[ ! -x "$PARTIAL/bin/pulumi-language-python-exec" ]]; then
-    sdkdir=$(mod_field "$SDK" Dir) || die "$SDK not served"
-    install -m 0755 "$sdkdir/python/cmd/pulumi-language-python-exec" "$PARTIAL/bin/"
-fi
+build_cli() {
+    local pkg="github.com/pulumi/pulumi/pkg/v3@v$CLI_VERSION" sdk="github.com/pulumi/pulumi/sdk/v3@v$CLI_VERSION"
+    wrapper_module "$WORK/cli" "$pkg" "$sdk" || die "the module proxy does not serve $pkg and $sdk"
+    go_build "$WORK/cli" github.com/pulumi/pulumi/pkg/v3/cmd/pulumi "$1/pulumi" "$VERSION_X=v$CLI_VERSION" &&
+        install -m 0755 "$(mod_field "$sdk" Dir)/python/cmd/pulumi-language-python-exec" "$1/"
+}
 
-# Optional: the real plugins, when a module version the proxy serves is known.
-if [[ -n ${SPARK_VLLM_LANGUAGE_PYTHON_VERSION:-} ]]; then
-    mod=github.com/pulumi/pulumi/sdk/python/cmd/pulumi-language-python/v3
-    log "building pulumi-language-python ($mod@$SPARK_VLLM_LANGUAGE_PYTHON_VERSION)"
-    if wrapper_module "$WORK/lang" "$mod@$SPARK_VLLM_LANGUAGE_PYTHON_VERSION" "$PKG" "$SDK"; then
-        go_build "$WORK/lang" "$mod" "$PARTIAL/bin/pulumi-language-python" "$VERSION_X=v$CLI_VERSION" ||
-            die "building pulumi-language-python failed"
-    else
-        log "refused by the module proxy: the stand-in in lab/engine/bin stays in use"
-    fi
-fi
-if [[ -n ${SPARK_VLLM_COMMAND_PROVIDER_VERSION:-} ]]; then
-    mod=github.com/pulumi/pulumi-command/provider
-    log "building pulumi-resource-command ($mod@$SPARK_VLLM_COMMAND_PROVIDER_VERSION)"
-    if wrapper_module "$WORK/cmd" "$mod@$SPARK_VLLM_COMMAND_PROVIDER_VERSION"; then
-        go_build "$WORK/cmd" "$mod/cmd/pulumi-resource-command" "$PARTIAL/bin/pulumi-resource-command" \
-            "github.com/pulumi/pulumi-command/provider/pkg/version.Version=v$CMD_VERSION" ||
-            die "building pulumi-resource-command failed"
-    else
-        log "refused by the module proxy: the stand-in in lab/engine/bin stays in use"
-    fi
-fi
+# vendor/README.md's recipe: the provider module builds as it is, with its version stamped.
+build_command() {
+    cp -r "$CMD_SRC/provider" "$WORK/pc" && chmod -R u+w "$WORK/pc"
+    go_build "$WORK/pc" ./cmd/pulumi-resource-command "$1/pulumi-resource-command" \
+        "github.com/pulumi/pulumi-command/provider/pkg/version.Version=$CMD_VERSION"
+}
 
-mv "$PARTIAL" "$FINAL"
-log "engine ready: $FINAL/bin ($(cd "$FINAL/bin" && ls | tr '\n' ' '))"
-echo "$FINAL/bin"
+# vendor/README.md's recipe: the host's go.mod points pkg/v3 and sdk/v3 at the monorepo by
+# `replace`; drop those and take the served modules at the snapshot's own version.
+build_language() {
+    mkdir -p "$WORK/lh" && cp "$LANG_SRC"/{main.go,go.mod,go.sum} "$WORK/lh/" && chmod -R u+w "$WORK/lh"
+    (cd "$WORK/lh" && go mod edit \
+        -dropreplace github.com/pulumi/pulumi/pkg/v3 -dropreplace github.com/pulumi/pulumi/sdk/v3 \
+        -require "github.com/pulumi/pulumi/pkg/v3@v$LANG_VERSION" \
+        -require "github.com/pulumi/pulumi/sdk/v3@v$LANG_VERSION") || return 1
+    go_build "$WORK/lh" . "$1/pulumi-language-python" "$VERSION_X=v$LANG_VERSION" &&
+        install -m 0755 "$LANG_SRC/dist/pulumi-resource-pulumi-python" "$1/"
+}
+
+# Cold times on 2 cores, 2026-11-30: CLI 386 s (module downloads included), command provider
+# 98 s and language host 53 s (their modules downloaded while the CLI built).
+part "$CLI_DIR" "the pulumi CLI v$CLI_VERSION from Go modules" "~6.5 min on 2 cores" build_cli
+part "$CMD_DIR" "pulumi-resource-command v$CMD_VERSION from $CMD_SRC" "~2 min" build_command
+part "$LANG_DIR" "pulumi-language-python v$LANG_VERSION from $LANG_SRC" "~1-2 min" build_language
+
+# The engine: one bin dir holding the CLI with its bundled plugins, and the command plugin to
+# install. Hard links (same file system), so assembling costs nothing.
+assemble() {
+    mkdir -p "$1/bin" "$1/plugins/resource-command-v$CMD_VERSION"
+    ln -f "$CLI_DIR"/* "$LANG_DIR"/* "$1/bin/"
+    ln -f "$CMD_DIR/pulumi-resource-command" "$1/plugins/resource-command-v$CMD_VERSION/"
+}
+part "$ENGINE" "the engine dir" "" assemble
+log "engine ready in $((SECONDS - T0)) s: $ENGINE ($(cd "$ENGINE/bin" && ls | tr '\n' ' '))"
+echo "$ENGINE/bin"
