@@ -24,12 +24,20 @@ STATE_DIR_SH = '"$HOME"/.spark-vllm/'
 # Polling interval of every wait loop. Ray's head is up ~3.6 s after `docker run` on the lab
 # (LAB-NOTES), so half a second costs little and keeps the critical path short.
 POLL_INTERVAL_S = 0.5
+# The head's readiness test reads /proc only, and workers wait for it: poll it more often.
+HEAD_POLL_INTERVAL_S = 0.2
 PROBE_ROUND_S = 2
 # Progress line cadence during long waits (model loads take minutes on a Spark).
 PROGRESS_EVERY_S = 10
 
 # `ray start` prints this once its raylet is up (and, on workers, joined the GCS).
 RAY_STARTED_MARK = "Ray runtime started"
+# The head counts as started once its GCS listens on rayPort: workers need nothing more to
+# join, and the head's own raylet registers while they start (the gate then checks every node,
+# the head included). Measured on the lab: GCS listening 1.2-1.5 s after `docker run`, "Ray
+# runtime started" 3.6-6 s. Read from the kernel's socket table, so no process is started.
+_LISTENING_SH = ("awk -v p=:{port:04X} '$4 == \"0A\" && substr($2, length($2) - 4) == p "
+                 "{{f = 1}} END {{exit !f}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null")
 # vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
 # with the gate passed it means vLLM asks Ray for something Ray does not have (the seeds' hang).
 PG_WAITING_MARK = "Waiting for creating a placement group"
@@ -242,7 +250,7 @@ def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) -> str:
     """`create` of a container command: remove leftovers, write the env-file from stdin, run,
-    wait until ready (head: Ray up; worker: joined the head; vLLM: serving), print the
+    wait until ready (head: its GCS listens; worker: joined the head; vLLM: serving), print the
     container id on stdout.
 
     On failure the container is removed after its log tail is shown, so nothing is left
@@ -272,23 +280,32 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         "}",
         # a leftover of the same name would make `docker run` fail with "already exists"
         'docker rm --force --volumes "$name" >/dev/null 2>&1 || true',
+    ]
+    listening = _LISTENING_SH.format(port=spec.ray_port)
+    if role == HEAD:
+        # Anything else on rayPort (a Redis listens on 6379 by default) would pass the
+        # readiness test below while Ray's GCS fails to bind: refuse it by name first.
+        lines.append(f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
+                     f'use on {node.name} by a process outside this stack"; fi')
+    lines += [
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",
     ]
-    if role in (HEAD, WORKER):
-        # Both wait for `ray start` to say it is up; a worker waits here, on the node that sees
-        # why, for its join: a blocked fabric is reported in ~6 s with the worker's own log,
-        # not after the gate's rayTimeout.
+    if role == HEAD:
+        lines += _wait_loop(listening, spec.ray_timeout,
+                            f"the Ray head's GCS to listen on port {spec.ray_port}", [],
+                            sleep_s=HEAD_POLL_INTERVAL_S)
+    elif role == WORKER:
+        # A worker waits here, on the node that sees why, for its join: a blocked fabric is
+        # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
         gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
         unreachable = (
             f"if has {shlex.quote(GCS_UNREACHABLE_MARK)}; then "
             f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
             f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi'
         )
-        lines += _wait_loop(
-            f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
-            "Ray head" if role == HEAD else f"Ray worker to join the head at {gcs}",
-            [] if role == HEAD else [unreachable])
+        lines += _wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
+                            f"Ray worker to join the head at {gcs}", [unreachable])
     elif role == VLLM:
         # The probe polls /health itself for PROBE_ROUND_S per `docker exec`; between rounds
         # the shell checks the container's state and vLLM's log.
@@ -390,11 +407,17 @@ def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
                           "address": f"{spec.head.identity_ip}:{spec.ray_port}",
                           "preflight": preflight_json}, sort_keys=True)
     head = container_name(spec, HEAD)
+    q_head = shlex.quote(head)
     return "\n".join([
         *_prelude(spec, spec.head, "gate"),
+        # The head's command returned once its GCS listened: if the head died since, its own
+        # log says why better than a docker exec error would.
+        f'[ "$(docker inspect --format "{{{{.State.Status}}}}" {q_head} 2>/dev/null)" = running ] '
+        f'|| {{ log "FAILED: the Ray head container {head} is not running"; docker logs --tail 60 '
+        f'{q_head} 2>&1 | sed "s/^/    | /" >&2; exit 1; }}',
         # `timeout` bounds even a hung GCS connection: a remote command is not killed by
         # Pulumi's custom timeouts (FIELD-NOTES, Pulumi).
-        f"timeout {spec.ray_timeout + 30} docker exec -i {shlex.quote(head)} python3 - "
+        f"timeout {spec.ray_timeout + 30} docker exec -i {q_head} python3 - "
         f"{shlex.quote(payload)}",
     ]) + "\n"
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib.util
 import json
 import os
 import shlex
+import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -201,7 +204,8 @@ def shell_argv(argv: list[str]) -> list[str]:
 
 
 @settings(max_examples=60, deadline=None)
-@given(value=odd_text, arg=odd_text)
+# a value starting with "-" would be read as a flag by vLLM's parser (and is refused as one)
+@given(value=odd_text, arg=odd_text.filter(lambda t: not t.startswith("-")))
 def test_env_values_and_vllm_args_survive_the_shell(value: str, arg: str) -> None:
     spec = duo(env={"ODD": value}, vllmArgs=["--chat-template", arg])
     for argv in (c.head_run_argv(spec), c.vllm_run_argv(spec)):
@@ -215,7 +219,7 @@ def test_env_values_and_vllm_args_survive_the_shell(value: str, arg: str) -> Non
 def test_start_script_embeds_the_argv_literally(value: str) -> None:
     """Run the real start script with `docker` replaced by a recorder: the recorded argv of
     `docker run` must equal the built argv, whatever the env value holds."""
-    spec = duo(env={"ODD": value})
+    spec = duo(env={"ODD": value}, rayPort=free_port())
     argv = c.head_run_argv(spec)
     recorded = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, argv))
     assert ["docker", "run", *recorded["run"]] == argv
@@ -229,6 +233,11 @@ sub=$1
 printf '%s\0' "$@" > "$FAKE/calls.$sub.$$"; cat "$FAKE/calls.$sub.$$" >> "$FAKE/calls.$sub"
 case "$sub" in
   run) case " $* " in *" --entrypoint python3 "*) echo "2.60.0 3.11.7" ;;
+       *" --head "*) # Ray's GCS: listen on --port=N (stopped by run_with_fake_docker)
+          port=$(printf '%s\n' "$@" | sed -n 's/^--port=//p')
+          python3 -c "$LISTEN" "$port" "$FAKE/listener.pid" >/dev/null 2>&1 &
+          while [ ! -s "$FAKE/listener.pid" ]; do sleep 0.02; done
+          echo 0123456789abcdef0123456789abcdef ;;
        *) echo 0123456789abcdef0123456789abcdef ;; esac ;;
   version) echo 20.10.24 ;;
   exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin"
@@ -240,6 +249,25 @@ case "$sub" in
       [ -e "$FAKE/gone" ] && { echo "Error: No such container: x" >&2; exit 1; }; exit 0 ;;
 esac
 """
+
+
+# A stand-in for the head's GCS socket: listen on the port, then write the pid (so `docker run`
+# returns only once the port listens), for at most 30 s.
+LISTEN = """
+import os, socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen()
+open(sys.argv[2], "w").write(str(os.getpid()))
+time.sleep(30)
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def run_with_fake_docker(script: str, status: str = "running", gone: bool = False,
@@ -257,9 +285,16 @@ def run_with_fake_docker(script: str, status: str = "running", gone: bool = Fals
     if rm_fails:
         (tmp / "rm-fails").touch()
     env = {**os.environ, "PATH": f"{tmp / 'bin'}:{os.environ['PATH']}", "FAKE": str(tmp),
-           "HOME": str(tmp)}
-    proc = subprocess.run(["sh", "-c", script], input=stdin, capture_output=True,
-                          text=True, env=env, timeout=30)
+           "HOME": str(tmp), "LISTEN": LISTEN}
+    try:
+        proc = subprocess.run(["sh", "-c", script], input=stdin, capture_output=True,
+                              text=True, env=env, timeout=30)
+    finally:
+        pid_file = tmp / "listener.pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            pid_file.unlink()
     if check:
         assert proc.returncode == 0, proc.stderr
     calls = {}
@@ -273,8 +308,11 @@ def run_with_fake_docker(script: str, status: str = "running", gone: bool = Fals
     return calls
 
 
-def test_start_head_writes_0600_env_file_prints_id_and_waits_for_ray(tmp_path: Path) -> None:
-    spec = duo()
+def test_start_head_writes_0600_env_file_prints_id_and_waits_for_its_gcs(tmp_path: Path) -> None:
+    """The head is started once its GCS listens on rayPort (workers need no more), before
+    `ray start` prints "Ray runtime started" (which the fake's log never does here)."""
+    spec = duo(rayPort=free_port())
+    (tmp_path / "logs").write_text("Local node IP: 192.168.200.12\n")
     out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
                                tmp=tmp_path)
     assert out["_stdout"] == ["0123456789abcdef0123456789abcdef\n"]
@@ -284,8 +322,23 @@ def test_start_head_writes_0600_env_file_prints_id_and_waits_for_ray(tmp_path: P
     assert "ready: spark-vllm-duo-ray-head 0123456789ab" in out["_stderr"][0]
 
 
+def test_start_head_refuses_a_ray_port_already_in_use(tmp_path: Path) -> None:
+    """A Redis on 6379 would pass the GCS test while Ray's GCS fails to bind: named first."""
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        spec = duo(rayPort=other.getsockname()[1])
+        out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+                                   tmp=tmp_path, check=False)
+    assert out["_rc"] == ["1"]
+    assert (f"spark-a: ray-head: FAILED: port {spec.ray_port} (rayPort) is already in use on "
+            "spark-a by a process outside this stack") in out["_stderr"][0]
+    assert "run" not in out  # no container was started
+    assert not (tmp_path / ".spark-vllm" / "duo").exists()
+
+
 def test_start_failure_shows_logs_and_leaves_nothing(tmp_path: Path) -> None:
-    spec = duo()
+    spec = duo(rayPort=free_port())
     out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
                                status="exited", tmp=tmp_path, check=False)
     assert out["_rc"] == ["1"]
