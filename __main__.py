@@ -2,8 +2,9 @@
 
 import pulumi
 
-from components.program import deploy, read_config
+from components.program import deploy, exit_quietly_when_interrupted, read_config
 
+exit_quietly_when_interrupted()
 spec, secrets = read_config()
 for key, value in deploy(spec, secrets).items():
     pulumi.export(key, value)

@@ -4,6 +4,8 @@ unit tests call `deploy` under mocks with a spec they build."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,22 @@ class Secrets:
     ssh_private_key: pulumi.Input[str]
     hf_token: pulumi.Input[str] | None = None
     api_key: pulumi.Input[str] | None = None
+
+
+# pulumi-language-python's "the program already reported its error" exit code
+BAIL_EXIT_CODE = 32
+
+
+def exit_quietly_when_interrupted() -> None:
+    """End the program at once, silently, when the language host interrupts it.
+
+    The host sends SIGINT (then SIGKILL after 5 s: pulumi-language-python main.go, cmd.Cancel)
+    when the engine ends the deployment: a step failed, or the operator pressed Ctrl-C. The
+    engine has already said why. Python's default KeyboardInterrupt would print the SDK's
+    in-flight RPCs' tracebacks (~70 lines, seen with the real host on a failed preflight)
+    under the stack, burying the failed command's own message.
+    """
+    signal.signal(signal.SIGINT, lambda _sig, _frame: os._exit(BAIL_EXIT_CODE))
 
 
 def read_config() -> tuple[ClusterSpec, Secrets]:

@@ -33,6 +33,7 @@ class Step:
     name: str  # the resource's name (last URN segment)
     phase: str  # "pre" (step started), "done", "failed"
     t: float
+    diffs: tuple[str, ...] = ()  # the properties the engine saw change (refresh: state vs read)
 
 
 @dataclass
@@ -56,7 +57,7 @@ def _recorder(run: Run) -> Any:
             if e is not None:
                 md = e.metadata
                 run.steps.append(Step(md.op.value, md.urn.split("::")[-1], phase,
-                                      time.monotonic()))
+                                      time.monotonic(), tuple(md.diffs or ())))
     return on_event
 
 
@@ -108,8 +109,11 @@ class Lab:
             log.close()
         return run
 
-    def up(self) -> Run:
-        return self._run("up")
+    def up(self, refresh: bool = False) -> Run:
+        return self._run("up", refresh=refresh)
+
+    def refresh(self) -> Run:
+        return self._run("refresh")
 
     def preview(self) -> Run:
         return self._run("preview", diff=True)
@@ -122,6 +126,11 @@ class Lab:
 
     def state_resources(self) -> list[dict[str, Any]]:
         return self.stack.export_stack().deployment.get("resources", []) or []
+
+    def command_outputs(self) -> dict[str, dict[str, Any]]:
+        """Each remote.Command's outputs in the state, by resource name."""
+        return {r["urn"].split("::")[-1]: r.get("outputs", {}) for r in self.state_resources()
+                if r["type"] == "command:remote:Command"}
 
 
 # --- the nodes ----------------------------------------------------------------------------

@@ -83,6 +83,8 @@ def test_1_fresh_up(lab2: Lab) -> None:
         ("node-1", "ray-head"), ("node-1", "vllm"), ("node-2", "ray-worker")]
     ids = lab2.outputs()["containerIds"]
     assert {c.id for c in now} == set(ids.values())
+    # the real plugins are what ran: nothing the engine loads comes from $PATH (stand-ins did)
+    assert not [line for line in run.output if "from $PATH" in line], run.output
     print(f"fresh up: {run.seconds:.1f} s")
 
 
@@ -94,6 +96,37 @@ def test_2_noop_up_runs_nothing(lab2: Lab) -> None:
     assert containers(NODES) == before  # same ids, same start times
     assert docker_events(NODES, since, time.time()) == []
     print(f"no-op up: {run.seconds:.1f} s")
+
+
+def test_2b_refresh_keeps_a_healthy_stack(lab2: Lab) -> None:
+    """`pulumi refresh`, then `pulumi up --refresh`, on a healthy stack. pulumi-command 1.2.1 has
+    no Read (pulumi/pulumi-command#432: its state comes back as stored) and #1377 reports refresh
+    wiping `stdout`, which this program reads (container ids in triggers, the preflight JSON).
+    What a user needs: nothing replaced or restarted, the state unchanged, outputs that decode."""
+    before = containers(NODES)
+    state_before = lab2.command_outputs()
+    outputs_before = lab2.outputs()
+    since = time.time()
+
+    refresh = ok(lab2.refresh())
+    refreshed = [s for s in refresh.steps if s.phase == "done"]
+    assert {s.op for s in refreshed} <= {"refresh", "same"}, refresh.ops("done")
+    assert {s.name for s in refreshed} >= set(CHAIN)
+    assert [(s.name, s.diffs) for s in refreshed if s.diffs] == []
+    assert lab2.command_outputs() == state_before  # stdout and stderr kept, byte for byte
+
+    up = ok(lab2.up(refresh=True))
+    assert {s.op for s in up.steps} <= {"refresh", "same"}, up.ops("done")
+    assert [(s.name, s.diffs) for s in up.steps if s.diffs] == []
+
+    assert containers(NODES) == before  # same ids, same start times
+    assert docker_events(NODES, since, time.time()) == []
+    out = lab2.outputs()
+    assert out == outputs_before
+    assert {c.id for c in before} == set(out["containerIds"].values())
+    assert all(p["image_id"].startswith("sha256:") for p in out["preflight"].values())
+    assert_serving(lab2, lab_identities())
+    print(f"refresh: {refresh.seconds:.1f} s, up --refresh: {up.seconds:.1f} s")
 
 
 def test_3_env_change_replaces_the_chain_in_order(lab2: Lab) -> None:
@@ -172,6 +205,9 @@ def test_7a_preflight_refuses_a_wrong_fabric_ip(lab2: Lab) -> None:
     text = run.error
     assert "node-2" in text and "fabricIp 192.168.231.222 is not on enp1s0f1np1" in text
     assert node2.fabric_ip in text  # the address actually there
+    # the failed command's message is what the operator reads: the program, interrupted by the
+    # language host when the engine stops, adds no Python traceback under it
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
     assert containers(NODES) == []  # refused before any container started
     lab2.set("nodes[1].fabricIp", node2.fabric_ip, path=True)
     ok(lab2.up())
@@ -194,6 +230,7 @@ def test_7b_a_worker_that_cannot_reach_the_head_fails_fast(lab2: Lab) -> None:
         assert failed - started < 15, f"worker took {failed - started:.1f} s to fail"
         assert f"cannot reach the Ray head node-1 at {head_ip}:6379 from {worker_ip}" in run.error
         assert "Failed to connect to GCS" in run.error  # the worker's own log, shown
+        assert "Traceback" not in run.error
         assert not any(s.name in ("ray-gate", "vllm-serve") for s in run.steps
                        if s.phase == "pre")
         assert [c.role for c in containers(["node-2"])] == []  # nothing half-done on node-2
