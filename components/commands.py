@@ -26,7 +26,10 @@ STATE_DIR_SH = '"$HOME"/.spark-vllm/'
 POLL_INTERVAL_S = 0.5
 # The head's readiness test reads /proc only, and workers wait for it: poll it more often.
 HEAD_POLL_INTERVAL_S = 0.2
-PROBE_ROUND_S = 2
+# vLLM's probe runs in the background: `kill -0` every 0.1 s sees it end; docker state and log
+# are read every 5th round (0.5 s).
+VLLM_POLL_INTERVAL_S = 0.1
+VLLM_CHECK_EVERY = 5
 # Progress line cadence during long waits (model loads take minutes on a Spark).
 PROGRESS_EVERY_S = 10
 
@@ -204,18 +207,21 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
 
 
 def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[str],
-               sleep_s: float = POLL_INTERVAL_S) -> list[str]:
+               sleep_s: float = POLL_INTERVAL_S, check_every: int = 1) -> list[str]:
     """Poll until `ready_test` passes; fail when the container stops, a check fails or time is
-    up. Each round reads the container's state and its last 200 log lines once (two docker
-    calls: many nodes share few CPUs on the lab, and a Spark's are busy starting Ray);
-    `has TEXT` matches those lines without another process."""
+    up. Every `check_every` rounds the container's state and its last 200 log lines are read
+    once (two docker calls: many nodes share few CPUs on the lab, and a Spark's are busy
+    starting Ray); `has TEXT` matches those lines without another process."""
     return [
         'has() { case "$logs" in *"$1"*) return 0 ;; esac; return 1; }',
-        f"deadline=$(( $(date +%s) + {timeout_s} )); start=$(date +%s); last=$start",
+        f"deadline=$(( $(date +%s) + {timeout_s} )); start=$(date +%s); last=$start; round=0",
         "while :; do",
-        '  status=$(docker inspect --format "{{.State.Status}}" "$name" 2>/dev/null || echo gone)',
-        '  [ "$status" = running ] || fail "container is $status before ready"',
-        '  logs=$(docker logs --tail 200 "$name" 2>&1 || true)',
+        f"  if [ $((round % {check_every})) -eq 0 ]; then",
+        '    status=$(docker inspect --format "{{.State.Status}}" "$name" 2>/dev/null || echo gone)',
+        '    [ "$status" = running ] || fail "container is $status before ready"',
+        '    logs=$(docker logs --tail 200 "$name" 2>&1 || true)',
+        "  fi",
+        "  round=$((round + 1))",
         f"  if {ready_test}; then break; fi",
         *[f"  {line}" for line in extra_checks],
         "  now=$(date +%s)",
@@ -274,6 +280,8 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         ]),
         "fail() {",
         '  log "FAILED: $*"',
+        # a background readiness probe (vLLM) would keep the SSH session open
+        '  [ -z "${probe:-}" ] || kill "$probe" 2>/dev/null || true',
         '  docker logs --tail 60 "$name" 2>&1 | sed "s/^/    | /" >&2 || true',
         *[f"  {line}" for line in _remove_lines("name", env_file_name(role))],
         "  exit 1",
@@ -307,19 +315,27 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         lines += _wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
                             f"Ray worker to join the head at {gcs}", [unreachable])
     elif role == VLLM:
-        # The probe polls /health itself for PROBE_ROUND_S per `docker exec`; between rounds
-        # the shell checks the container's state and vLLM's log.
-        probe = _probe(spec, "wait", str(PROBE_ROUND_S))
+        # One `docker exec` polls /health every 0.1 s for the whole load and sends the smoke
+        # request the moment it passes; meanwhile the shell checks the container's state and
+        # vLLM's log twice a second (PG_WAITING_MARK) and sees the probe end within 0.1 s.
+        probe = _probe(spec, "wait", str(spec.vllm_timeout),
+                       *(["smoke"] if spec.smoke_test else []))
         pg_check = (
             f"if has {shlex.quote(PG_WAITING_MARK)}; "
             'then fail "vLLM is waiting for a Ray placement group that Ray cannot place: '
             'the IP vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; fi'
         )
-        lines += _wait_loop(f"{probe} 2>/dev/null", spec.vllm_timeout,
-                            f"vLLM {spec.served_name} to serve", [pg_check], sleep_s=0.1)
-        if spec.smoke_test:
-            smoke = _probe(spec, "smoke")
-            lines.append(f'{smoke} >&2 || fail "smoke request failed"')
+        lines += [f"{probe} >&2 &", "probe=$!"]
+        lines += _wait_loop('! kill -0 "$probe" 2>/dev/null', spec.vllm_timeout,
+                            f"vLLM {spec.served_name} to serve", [pg_check],
+                            sleep_s=VLLM_POLL_INTERVAL_S, check_every=VLLM_CHECK_EVERY)
+        lines += ['if wait "$probe"; then probe=; else',
+                  "  rc=$?; probe=",
+                  '  logs=$(docker logs --tail 200 "$name" 2>&1 || true)',
+                  f"  {pg_check}",
+                  '  if [ "$rc" -eq 2 ]; then fail "smoke request failed"; fi',
+                  '  fail "vLLM did not serve (the probe says why above)"',
+                  "fi"]
     lines += ['log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"']
     return "\n".join(lines) + "\n"
 

@@ -1,9 +1,11 @@
 """vLLM readiness probe, run inside the vLLM container (stdlib only: any vLLM image has it).
 
-argv: HOST PORT SERVED_NAME MODE [SECONDS]. MODE "ready": exit 0 when /health is 200 and
-/v1/models lists SERVED_NAME, 1 otherwise. MODE "wait": the same check every 0.25 s for up to
-SECONDS, so one `docker exec` (one Python start) covers many polls. MODE "smoke": one short
-chat completion, printed.
+argv: HOST PORT SERVED_NAME MODE [SECONDS [smoke]]. MODE "ready": exit 0 when /health is 200
+and /v1/models lists SERVED_NAME, 1 otherwise. MODE "wait": the same check every 0.1 s for up
+to SECONDS (one `docker exec`, one Python start, for the whole load), then with "smoke" one
+short chat completion at once (printed), since vLLM's HTTP server can answer while generation
+is dead (vllm#53157). Exit 0 when ready (and answered), 1 when not ready in time, 2 when the
+smoke request failed. MODE "smoke": the chat completion alone.
 The API key comes from the container's env (VLLM_API_KEY), never from argv.
 """
 import json
@@ -28,7 +30,7 @@ def call(path, body=None, timeout=5.0):
         return resp.status, resp.read().decode()
 
 
-WAIT_POLL_S = 0.25
+WAIT_POLL_S = 0.1
 
 
 def ready():
@@ -44,6 +46,14 @@ def ready():
     return None if served in ids else f"/v1/models lists {ids}, not {served!r}"
 
 
+def smoke():
+    body = {"model": served, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "spark-vllm smoke test"}]}
+    _, text = call("/v1/chat/completions", body, timeout=120.0)
+    reply = json.loads(text)["choices"][0]["message"]["content"]
+    print(f"smoke request answered: {reply[:200]!r}")
+
+
 try:
     if mode in ("ready", "wait"):
         end = time.monotonic() + (float(sys.argv[5]) if mode == "wait" else 0.0)
@@ -52,12 +62,12 @@ try:
         if why is not None:
             print(f"{mode}: {why}", file=sys.stderr)
             sys.exit(1)
-    elif mode == "smoke":
-        body = {"model": served, "max_tokens": 16,
-                "messages": [{"role": "user", "content": "spark-vllm smoke test"}]}
-        _, text = call("/v1/chat/completions", body, timeout=120.0)
-        reply = json.loads(text)["choices"][0]["message"]["content"]
-        print(f"smoke request answered: {reply[:200]!r}")
+    if sys.argv[6:7] == ["smoke"]:
+        try:
+            smoke()
+        except (OSError, ValueError, KeyError, urllib.error.URLError) as err:
+            print(f"smoke request failed: {err}", file=sys.stderr)
+            sys.exit(2)
 except (OSError, ValueError, KeyError, urllib.error.URLError) as err:
     print(f"{mode}: {err}", file=sys.stderr)
     sys.exit(1)

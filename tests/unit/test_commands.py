@@ -241,7 +241,7 @@ case "$sub" in
        *) echo 0123456789abcdef0123456789abcdef ;; esac ;;
   version) echo 20.10.24 ;;
   exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin"
-        [ ! -e "$FAKE/exec-fails" ] ;;
+        [ -e "$FAKE/exec-rc" ] && exit "$(cat "$FAKE/exec-rc")"; [ ! -e "$FAKE/exec-fails" ] ;;
   image) echo sha256:feedface ;;
   inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
   logs) cat "$FAKE/logs" 2>/dev/null || echo "Ray runtime started." ;;
@@ -358,9 +358,9 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
     assert (state / "vllm.env").read_text() == c.secret_env_file(c.VLLM, "hf-x", "key-y")
     assert sorted(p.name for p in state.iterdir()) == ["vllm.env"]  # no probe file left
     probe = c._script_text("vllm_probe.py")
-    # one readiness round (the fake answers at once), then the smoke request: both got the probe
-    assert (tmp_path / "exec.stdin").read_text() == probe * 2
-    assert {"wait", "smoke"} <= set(out["exec"])
+    # one `docker exec` waits for the whole load and sends the smoke request
+    assert (tmp_path / "exec.stdin").read_text() == probe
+    assert out["exec"][-3:] == ["wait", str(spec.vllm_timeout), "smoke"]
     assert "ready: spark-vllm-duo-vllm" in out["_stderr"][0]
 
 
@@ -375,6 +375,16 @@ def test_vllm_waiting_for_a_placement_group_fails_at_once(tmp_path: Path) -> Non
     assert out["_rc"] == ["1"]
     assert "FAILED: vLLM is waiting for a Ray placement group" in out["_stderr"][0]
     assert "    | INFO ray_utils.py: Waiting for creating a placement group" in out["_stderr"][0]
+
+
+def test_a_failed_smoke_request_fails_the_start_and_leaves_nothing(tmp_path: Path) -> None:
+    spec = duo(smokeTest=True)
+    (tmp_path / "exec-rc").write_text("2")  # the probe: serving, but the chat failed
+    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None, None))
+    assert out["_rc"] == ["1"] and "FAILED: smoke request failed" in out["_stderr"][0]
+    assert not (tmp_path / ".spark-vllm" / "duo").exists()
+    assert "spark-vllm-duo-vllm" in out["rm"]
 
 
 def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
@@ -496,7 +506,18 @@ def test_probe_wait_returns_soon_after_vllm_serves() -> None:
     finally:
         server.shutdown()
     assert done.returncode == 0, done.stderr
-    assert 1.0 <= took < 4.0  # polled every 0.25 s, not the whole round
+    assert 1.0 <= took < 4.0  # polled every 0.1 s, not the whole round
+
+
+def test_probe_wait_then_smoke_names_a_dead_generation() -> None:
+    """/health answers while generation is dead (vllm#53157): the smoke request says so, exit 2."""
+    server = serve_vllm_like(ready_after_s=0)  # answers GET only: the POST of the chat fails
+    try:
+        done, _ = run_probe(server.server_address[1], "wait", "5", "smoke")
+    finally:
+        server.shutdown()
+    assert done.returncode == 2, done.stderr
+    assert "smoke request failed" in done.stderr
 
 
 def test_probe_wait_gives_up_after_its_round_with_the_reason() -> None:
