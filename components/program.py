@@ -61,6 +61,18 @@ def read_config() -> tuple[ClusterSpec, Secrets]:
     )
 
 
+def read_config_or_exit() -> tuple[ClusterSpec, Secrets]:
+    """`read_config` for `__main__`: a bad config is one error naming every bad field, and
+    nothing else. Raised out of the program, a RunError is logged by the SDK's launcher, which
+    then exits 1, and the language host adds "an unhandled error occurred: program exited with
+    non-zero exit code: 1" (seen with the real host); exit code 32 tells it the error is shown."""
+    try:
+        return read_config()
+    except pulumi.RunError as err:
+        pulumi.log.error(str(err))
+        raise SystemExit(BAIL_EXIT_CODE) from None
+
+
 def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
     """Build the component graph; return the stack outputs."""
     nodes = [

@@ -72,6 +72,19 @@ def assert_ordered_replacement(run: Run, before: list, since: float, until: floa
     assert max(gone) < min(started), events
 
 
+def test_0_a_bad_config_is_one_error_naming_the_field(lab2: Lab) -> None:
+    """Before anything exists: the engine shows the program's one error, with the path of the
+    bad value, and no second "unhandled error" or traceback of its own."""
+    lab2.set("vllmArgs[1]", 4096, path=True)  # --path makes it a number: vLLM args are strings
+    try:
+        run = lab2.preview()
+        assert run.error is not None
+        assert "vllmArgs[1]: Input should be a valid string" in run.error
+        assert "unhandled" not in run.error and "Traceback" not in run.error, run.error[-2000:]
+    finally:
+        lab2.set("vllmArgs", [])
+
+
 def test_1_fresh_up(lab2: Lab) -> None:
     run = ok(lab2.up())
     created = {name for op, name in run.ops() if op == "create"}
