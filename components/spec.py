@@ -274,12 +274,30 @@ def _settings_problems(s: _Settings) -> list[str]:
         if "\n" in str(value) or "\0" in str(value):
             out.append(f"env.{key}: value must be one line")
     for j, arg in enumerate(s.vllm_args):
-        flag = arg.split("=", 1)[0]
-        if flag in OWNED_VLLM_FLAGS:
-            out.append(
-                f"vllmArgs[{j}]: {flag} is set by the program from {OWNED_VLLM_FLAGS[flag]}"
-            )
+        spelled = arg.split("=", 1)[0]
+        for flag in owned_vllm_flags(arg):
+            read_as = "" if flag == spelled else f" (vLLM reads {spelled} as {flag})"
+            out.append(f"vllmArgs[{j}]: {flag} is set by the program from "
+                       f"{OWNED_VLLM_FLAGS[flag]}{read_as}")
     return out
+
+
+def owned_vllm_flags(arg: str) -> list[str]:
+    """The program-owned flags `arg` may stand for, as `vllm serve` parses it.
+
+    vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) reads `_` as `-` in a long
+    flag's name (up to its first `.`, the JSON-path separator), and argparse's allow_abbrev
+    takes any unique prefix of a long flag: `--tensor_parallel_size=2` and `--tensor-parallel 2`
+    both set tensor_parallel_size. A prefix of two owned flags (`--p`) is ambiguous to vLLM
+    too (it exits); both are named. Short aliases (`-tp`, `-pp`) match exactly.
+    """
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--"):
+        return [name] if name in OWNED_VLLM_FLAGS else []
+    name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    if name == "--":
+        return []
+    return [f for f in OWNED_VLLM_FLAGS if f.startswith("--") and f.startswith(name)]
 
 
 def parse_spec(

@@ -83,6 +83,16 @@ REFUSALS = [
      "vllmArgs[0]: --tensor-parallel-size is set by the program from tensorParallelSize"),
     ("vllmArgs api key", lambda r: r.update(vllmArgs=["--max-model-len", "8", "--api-key", "x"]),
      "vllmArgs[2]: --api-key is set by the program from apiKey (a secret)"),
+    ("vllmArgs owned, underscores", lambda r: r.update(vllmArgs=["--tensor_parallel_size=1"]),
+     "vllmArgs[0]: --tensor-parallel-size is set by the program from tensorParallelSize "
+     "(vLLM reads --tensor_parallel_size as --tensor-parallel-size)"),
+    ("vllmArgs owned, a prefix", lambda r: r.update(vllmArgs=["--served-model", "x"]),
+     "vllmArgs[0]: --served-model-name is set by the program from servedModelName"),
+    ("vllmArgs owned, prefix with underscores", lambda r: r.update(vllmArgs=["--api_k=x"]),
+     "vllmArgs[0]: --api-key is set by the program from apiKey (a secret) "
+     "(vLLM reads --api_k as --api-key)"),
+    ("vllmArgs owned, short alias", lambda r: r.update(vllmArgs=["-pp", "2"]),
+     "vllmArgs[0]: -pp is set by the program from pipelineParallelSize"),
     ("host key shape", set_node(0, hostKey="AAAA"), "nodes[0].hostKey: expected \"<type> <base64>\""),
     ("nodes missing", lambda r: r.pop("nodes"), "nodes: required, a non-empty list"),
     ("image missing", lambda r: r.pop("image"), "image: Field required"),
@@ -94,6 +104,23 @@ REFUSALS = [
 def test_refusal_names_the_field(mutate: Any, expected: str) -> None:
     found = problems(mutate)
     assert any(expected in p for p in found), found
+
+
+@pytest.mark.parametrize("args", [
+    ["--max-model-len", "32768"], ["--max_model_len=32768"], ["--enable-prefix-caching"],
+    ["--gpu-memory-utilization", "0.85"], ["--chat-template", "host"],
+    ["--kv-transfer-config.kv_role", "kv_both"],
+])
+def test_vllm_args_that_are_not_program_owned_pass(args: list[str]) -> None:
+    raw = good()
+    raw["vllmArgs"] = args
+    assert parse_spec(raw, "t", ALL_SECRETS).vllm_args == tuple(args)
+
+
+def test_an_ambiguous_prefix_names_every_owned_flag_it_could_be() -> None:
+    found = problems(lambda r: r.update(vllmArgs=["--p=1"]))
+    assert any("--pipeline-parallel-size is set by the program" in p for p in found), found
+    assert any("--port is set by the program" in p for p in found), found
 
 
 @pytest.mark.parametrize("key", sorted(OWNED_ENV))
