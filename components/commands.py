@@ -50,6 +50,43 @@ PG_WAITING_MARK = "Waiting for creating a placement group"
 GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
 
 
+# Prints "RAY PYTHON VLLM" for an image; run once per image id by the preflight. vLLM's own CLI
+# says its version (`vllm --version`, the last word it prints), as in every release.
+VERSIONS_PY = (
+    "import subprocess, sys, ray\n"
+    "try:\n"
+    "    out = subprocess.run(['vllm', '--version'], capture_output=True, text=True, timeout=300)\n"
+    "    vllm = out.stdout.split()[-1] if out.returncode == 0 and out.stdout.split() else ''\n"
+    "except OSError:\n"
+    "    vllm = ''\n"
+    "if not vllm:\n"
+    "    sys.exit('no vllm command in the image')\n"
+    "print(ray.__version__, sys.version.split()[0], vllm)\n"
+)
+
+
+# The Ray head's session dir, an anonymous volume of the head container that the vLLM container
+# mounts too (--volumes-from). vLLM >= 0.18 (RayExecutorV2, ray_executor_v2.py: "Workers on the
+# driver node use shared memory; the rest use TCP") puts the ipc:// sockets between the driver
+# and the ranks on its own node under VLLM_RPC_BASE_PATH (default: the process's /tmp, which
+# differs between the two containers: startup would block forever). Every container sets it,
+# so no rank depends on the driver's value being carried over.
+SHARED_RAY_DIR = "/tmp/ray"
+
+# vLLM >= 0.18 copies the driver's whole environment to every rank that does not set a variable
+# itself (ray_env_utils.get_driver_env_vars, setdefault), minus the names listed in
+# $VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json (vllm/ray/ray_env.py). So a head's fabric
+# settings would land on a worker that has none (sparkrun#135) and the API key on every rank.
+# The vLLM container writes this list before vLLM starts; each node sets its own fabric keys.
+NON_CARRY_OVER_ENV = ("GLOO_SOCKET_IFNAME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NCCL_IB_HCA",
+                      "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+                      "VLLM_API_KEY", "VLLM_CONFIG_ROOT")
+VLLM_CONFIG_ROOT = "/etc/spark-vllm/vllm"
+# The vLLM container's entrypoint: write the list, then become `vllm` (same PID, same signals).
+_VLLM_ENTRY_SH = ('mkdir -p "$VLLM_CONFIG_ROOT" && printf "%s\\n" "$0" '
+                  '> "$VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json" && exec vllm "$@"')
+
+
 def container_name(spec: ClusterSpec, role: str) -> str:
     """Fixed per stack and role (invariant 4): a rerun finds and replaces its own leftovers."""
     return f"{LABEL}-{spec.stack}-{role}"
@@ -68,6 +105,7 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
     """
     env = {"RAY_USAGE_STATS_ENABLED": "0", **spec.user_env}
     env["VLLM_HOST_IP"] = node.identity_ip
+    env["VLLM_RPC_BASE_PATH"] = SHARED_RAY_DIR
     if node.fabric_interface:
         for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
                     "UCX_NET_DEVICES"):
@@ -167,8 +205,11 @@ def vllm_run_argv(spec: ClusterSpec) -> list[str]:
     # shares the head container's PID namespace and /tmp/ray, and the host's IPC and network.
     head = container_name(spec, HEAD)
     extra = ["--pid", f"container:{head}", "--volumes-from", head,
-             "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}"]
-    return docker_run_argv(spec, spec.head, VLLM, "vllm", vllm_serve_args(spec), extra=extra)
+             "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}",
+             "--env", f"VLLM_CONFIG_ROOT={VLLM_CONFIG_ROOT}"]
+    return docker_run_argv(spec, spec.head, VLLM, "sh",
+                           ["-c", _VLLM_ENTRY_SH, json.dumps(list(NON_CARRY_OVER_ENV)),
+                            *vllm_serve_args(spec)], extra=extra)
 
 
 def _script_text(name: str) -> str:
@@ -320,10 +361,13 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         # vLLM's log twice a second (PG_WAITING_MARK) and sees the probe end within 0.1 s.
         probe = _probe(spec, "wait", str(spec.vllm_timeout),
                        *(["smoke"] if spec.smoke_test else []))
+        # The waiting line quotes the specs: only vLLM < 0.18 pins `node:<VLLM_HOST_IP>`.
         pg_check = (
-            f"if has {shlex.quote(PG_WAITING_MARK)}; "
-            'then fail "vLLM is waiting for a Ray placement group that Ray cannot place: '
-            'the IP vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; fi'
+            f"if has {shlex.quote(PG_WAITING_MARK)}; then if has \"'node:\"; then "
+            'fail "vLLM is waiting for a Ray placement group that Ray cannot place: the IP '
+            'vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; else '
+            'fail "vLLM is waiting for a Ray placement group that Ray cannot place: the GPUs '
+            'it asks for are not free (another vLLM on this Ray cluster? ray status)"; fi; fi'
         )
         lines += [f"{probe} >&2 &", "probe=$!"]
         lines += _wait_loop('! kill -0 "$probe" 2>/dev/null', spec.vllm_timeout,
@@ -386,23 +430,26 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f"image_id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null) || fail "
         f'"image {spec.image} is not on the node (imagePull: {spec.image_pull}); '
         f'load it with: docker save IMAGE | ssh NODE docker load"',
-        # Ray is optional in vLLM images since 0.18, and head/worker must run the same Ray and
-        # Python (ray#50511): read both from the image here, not after a failed join. Starting
-        # a container that imports Ray costs ~1 s of CPU per node on every cold up, so the
-        # answer is kept per image id (a content hash: it cannot go stale) in a file outside
-        # any stack's directory.
+        # Ray is optional in vLLM images since 0.18, head/worker must run the same Ray and
+        # Python (ray#50511), and vLLM's version decides its Ray executor (legacy < 0.18 pins
+        # `node:<VLLM_HOST_IP>`; RayExecutorV2 does not): read all three from the image here,
+        # not after a failed join. Starting a container that imports Ray (and `vllm --version`,
+        # seconds on a real image) costs CPU on every cold up, so the answer is kept per image
+        # id (a content hash: it cannot go stale) in a file outside any stack's directory.
         f"cache={STATE_DIR_SH}image-versions/\"${{image_id#sha256:}}\"",
-        'if versions=$(cat "$cache" 2>/dev/null) && [ "${versions#* }" != "$versions" ]; then :',
+        'if versions=$(cat "$cache" 2>/dev/null) && [ "$(echo $versions | wc -w)" -eq 3 ]; then :',
         f"else versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
-        + q("import ray, sys; print(ray.__version__, sys.version.split()[0])")
-        + ' 2>&1) || fail "image has no python3 with ray: $(echo "$versions" | tail -n 3)"',
+        + q(VERSIONS_PY)
+        + ' 2>&1) || fail "image has no python3 with ray and vllm: '
+        '$(echo "$versions" | tail -n 3)"',
         '  versions=$(echo "$versions" | tail -n 1)',
         f"  mkdir -p {STATE_DIR_SH}image-versions && "
         'echo "$versions" > "$cache.$$" && mv -f "$cache.$$" "$cache" || true',
         "fi",
+        "set -- $versions",
         f"""printf '{{"node": "%s", "identity": "%s", "docker": "%s", "gpus": "%s", """
-        """"image_id": "%s", "ray": "%s", "python": "%s"}\\n' """
-        f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "${{versions% *}}" "${{versions#* }}"',
+        """"image_id": "%s", "ray": "%s", "python": "%s", "vllm": "%s"}\\n' """
+        f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "$1" "$2" "$3"',
     ]
     return "\n".join(lines) + "\n"
 

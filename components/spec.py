@@ -39,6 +39,10 @@ OWNED_ENV = {
     "RAY_ADDRESS": "nodes[0] and rayPort",
     "VLLM_API_KEY": "apiKey (a secret)",
     "HF_TOKEN": "hfToken (a secret)",
+    # vLLM >= 0.18 (RayExecutorV2): the driver reaches the ranks on its own node through ipc://
+    # sockets under this path, so the vLLM and Ray head containers must share it
+    "VLLM_RPC_BASE_PATH": "the Ray head's shared /tmp/ray (the program)",
+    "VLLM_CONFIG_ROOT": "the program (it holds vLLM's non-carry-over list)",
 }
 
 # vLLM flags the program derives from the spec; repeating them in vllmArgs would contradict it.

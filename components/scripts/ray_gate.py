@@ -46,11 +46,12 @@ def version_problem(preflight):
     seen = {}
     for raw in preflight:
         p = json.loads(raw)
-        seen.setdefault((p.get("ray"), p.get("python")), []).append(p.get("node"))
+        seen.setdefault((p.get("ray"), p.get("python"), p.get("vllm")), []).append(p.get("node"))
     if len(seen) <= 1:
         return None
-    parts = [f"{'/'.join(nodes)}: ray {r}, python {py}" for (r, py), nodes in seen.items()]
-    return "Ray/Python differ between nodes (ray#50511): " + "; ".join(parts)
+    parts = [f"{'/'.join(nodes)}: ray {r}, python {py}, vllm {v}"
+             for (r, py, v), nodes in seen.items()]
+    return "Ray/Python/vLLM differ between nodes (ray#50511): " + "; ".join(parts)
 
 
 def table(rows):

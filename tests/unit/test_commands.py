@@ -46,7 +46,7 @@ def test_head_docker_run_argv_exact() -> None:
         "--volume", "/root/.cache/huggingface:/root/.cache/huggingface",
         "--volume", "/tmp/ray", "--env-file", "ray-head.env",
         "--env", "RAY_USAGE_STATS_ENABLED=0", "--env", "NCCL_DEBUG=WARN",
-        "--env", "VLLM_HOST_IP=192.168.200.12",
+        "--env", "VLLM_HOST_IP=192.168.200.12", "--env", "VLLM_RPC_BASE_PATH=/tmp/ray",
         "--env", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "--env", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
         "--env", "TP_SOCKET_IFNAME=enp1s0f1np1", "--env", "UCX_NET_DEVICES=enp1s0f1np1",
         "--env", "NCCL_IB_HCA=rocep1s0f1",
@@ -73,15 +73,38 @@ def test_vllm_serve_argv_exact_and_key_free() -> None:
     spec = duo(servedModelName="qwen", port=8001)
     argv = c.vllm_run_argv(spec)
     tail = argv[argv.index("--entrypoint"):]
-    assert tail == ["--entrypoint", "vllm", "img:1", "serve", "Qwen/Q",
-                    "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
-                    "--distributed-executor-backend", "ray", "--host", "0.0.0.0",
-                    "--port", "8001", "--served-model-name", "qwen", "--max-model-len", "32768"]
+    assert tail[:5] == ["--entrypoint", "sh", "img:1", "-c", c._VLLM_ENTRY_SH]
+    assert json.loads(tail[5]) == list(c.NON_CARRY_OVER_ENV)
+    assert tail[6:] == ["serve", "Qwen/Q",
+                        "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+                        "--distributed-executor-backend", "ray", "--host", "0.0.0.0",
+                        "--port", "8001", "--served-model-name", "qwen", "--max-model-len", "32768"]
     # a Ray driver on the head: the head's PID namespace (raylet lookup) and /tmp/ray
     assert argv[argv.index("--pid") + 1] == "container:spark-vllm-duo-ray-head"
     assert argv[argv.index("--volumes-from") + 1] == "spark-vllm-duo-ray-head"
     assert "RAY_ADDRESS=192.168.200.12:6379" in argv
-    assert not any("api-key" in a or "API_KEY" in a for a in argv)
+    assert "VLLM_RPC_BASE_PATH=/tmp/ray" in argv  # the ipc:// sockets its local ranks share
+    assert not any("api-key" in a or "API_KEY=" in a for a in argv)
+
+
+def test_vllm_entrypoint_writes_the_non_carry_over_list_then_becomes_vllm(tmp_path: Path) -> None:
+    """The container's sh writes $VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json (vllm/ray/
+    ray_env.py reads it at import) and execs `vllm` with the serve args unchanged."""
+    spec = duo(vllmArgs=["--chat-template", "{{ x }} 'q' $HOME"])
+    argv = c.vllm_run_argv(spec)
+    after_image = argv[argv.index("img:1") + 1:]
+    (tmp_path / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$$" "$@" > "$OUT"\n')
+    (tmp_path / "vllm").chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "args"),
+           "VLLM_CONFIG_ROOT": str(tmp_path / "cfg")}
+    proc = subprocess.Popen(["sh", *after_image], env=env)
+    assert proc.wait(timeout=10) == 0
+    written = json.loads((tmp_path / "cfg" / "ray_non_carry_over_env_vars.json").read_text())
+    assert set(written) >= {"VLLM_API_KEY", "HF_TOKEN", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
+                            "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"}
+    pid, *args = (tmp_path / "args").read_text().splitlines()
+    assert int(pid) == proc.pid  # exec: vLLM is the container's process, signals reach it
+    assert args == c.vllm_serve_args(spec)
 
 
 def test_no_gpu_flag_in_the_lab() -> None:
@@ -128,11 +151,11 @@ def test_preflight_summary_is_json(tmp_path: Path) -> None:
     spec = duo()
     line = c.preflight_script(spec, spec.nodes[1]).strip().splitlines()[-1]
     script = ('node=spark-b; docker_v=20.10; gpus=1; image_id=sha256:ab; '
-              'versions="2.60.0 3.11.2"\n' + line)
+              'set -- 2.60.0 3.11.2 0.33.0\n' + line)
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
     assert json.loads(out) == {"node": "spark-b", "identity": "192.168.200.13", "docker": "20.10",
                                "gpus": "1", "image_id": "sha256:ab", "ray": "2.60.0",
-                               "python": "3.11.2"}
+                               "python": "3.11.2", "vllm": "0.33.0"}
 
 
 def test_gate_program_travels_on_stdin_not_in_the_command() -> None:
@@ -151,10 +174,10 @@ def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> Non
     script = c.preflight_script(spec, spec.head)
     first = run_with_fake_docker(script, tmp=tmp_path)
     summary = json.loads(first["_stdout"][0])
-    assert (summary["ray"], summary["python"], summary["image_id"]) == (
-        "2.60.0", "3.11.7", "sha256:feedface")
+    assert (summary["ray"], summary["python"], summary["vllm"], summary["image_id"]) == (
+        "2.60.0", "3.11.7", "0.33.0", "sha256:feedface")
     cache = tmp_path / ".spark-vllm" / "image-versions" / "feedface"
-    assert cache.read_text() == "2.60.0 3.11.7\n"
+    assert cache.read_text() == "2.60.0 3.11.7 0.33.0\n"
     runs = (tmp_path / "calls.run").read_bytes().count(b"--entrypoint")
     assert runs == 1
     second = run_with_fake_docker(script, tmp=tmp_path)
@@ -164,7 +187,7 @@ def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> Non
     third = run_with_fake_docker(script, tmp=tmp_path)
     assert json.loads(third["_stdout"][0]) == summary
     assert (tmp_path / "calls.run").read_bytes().count(b"--entrypoint") == 2
-    assert cache.read_text() == "2.60.0 3.11.7\n"
+    assert cache.read_text() == "2.60.0 3.11.7 0.33.0\n"
 
 
 def test_preflight_checks_the_fabric_address_of_that_node() -> None:
@@ -232,7 +255,7 @@ FAKE_DOCKER = r"""#!/bin/sh
 sub=$1
 printf '%s\0' "$@" > "$FAKE/calls.$sub.$$"; cat "$FAKE/calls.$sub.$$" >> "$FAKE/calls.$sub"
 case "$sub" in
-  run) case " $* " in *" --entrypoint python3 "*) echo "2.60.0 3.11.7" ;;
+  run) case " $* " in *" --entrypoint python3 "*) echo "2.60.0 3.11.7 0.33.0" ;;
        *" --head "*) # Ray's GCS: listen on --port=N (stopped by run_with_fake_docker)
           port=$(printf '%s\n' "$@" | sed -n 's/^--port=//p')
           python3 -c "$LISTEN" "$port" "$FAKE/listener.pid" >/dev/null 2>&1 &
@@ -463,11 +486,14 @@ def test_gate_checks_gpus_and_versions() -> None:
     gate = load_gate()
     ok, rows = gate.compare(EXPECTED, [ray_node("192.168.200.12", 0), ray_node("192.168.200.13")])
     assert not ok and rows[0][3] == "alive, 0 GPU (expected 1)"
-    same = ['{"node": "a", "ray": "2.60.0", "python": "3.11.2"}',
-            '{"node": "b", "ray": "2.60.0", "python": "3.11.2"}']
+    same = ['{"node": "a", "ray": "2.60.0", "python": "3.11.2", "vllm": "0.33.0"}',
+            '{"node": "b", "ray": "2.60.0", "python": "3.11.2", "vllm": "0.33.0"}']
     assert gate.version_problem(same) is None
-    diff = [same[0], '{"node": "b", "ray": "2.54.0", "python": "3.12.1"}']
-    assert "b: ray 2.54.0, python 3.12.1" in gate.version_problem(diff)
+    diff = [same[0], '{"node": "b", "ray": "2.54.0", "python": "3.12.1", "vllm": "0.33.0"}']
+    assert "b: ray 2.54.0, python 3.12.1, vllm 0.33.0" in gate.version_problem(diff)
+    # two vLLM releases under one image name: the seeds' "mixing files from two vLLM versions"
+    mixed = [same[0], '{"node": "b", "ray": "2.60.0", "python": "3.11.2", "vllm": "0.17.1"}']
+    assert "a: ray 2.60.0, python 3.11.2, vllm 0.33.0" in gate.version_problem(mixed)
 
 
 # --- the vLLM readiness probe, against a local HTTP server -----------------------------------
