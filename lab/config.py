@@ -31,6 +31,11 @@ FABRIC_NET = f"{PREFIX}-fabric"
 BASE_IMAGE = f"{PREFIX}-base:bookworm"
 NODE_IMAGE_REPO = f"{PREFIX}-node"
 INNER_IMAGE = "spark-vllm-sim:lab"
+# The vLLM version the simulator in INNER_IMAGE plays (env VLLM_SIM_VLLM_VERSION baked in):
+# V2 mode, modelled on vLLM 0.33.0. The legacy mode (the seed image's vLLM) is built as
+# f"{INNER_IMAGE}-{LEGACY_SIM_VLLM_VERSION}" (lab/vllm_sim/README.md).
+SIM_VLLM_VERSION = "0.33.0"
+LEGACY_SIM_VLLM_VERSION = "0.17.1"
 RAY_VERSION = "2.60.0"
 
 DEBIAN_SUITE = "bookworm"

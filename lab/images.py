@@ -3,8 +3,10 @@
 - base  `spark-vllm-lab-base:bookworm`: debootstrap minbase, tarball cached under
   ${SPARK_VLLM_CACHE:-~/.cache/spark-vllm}/lab/, then `docker import`.
 - node  `spark-vllm-lab-node:<hash of lab/node/*>`: sshd + dockerd (lab/node/Dockerfile).
-- inner `spark-vllm-sim:lab`: Ray + vllm-sim, labelled with the hash of what it was built from
-  (lab/inner/*, lab/vllm_sim/**, the Ray version) so a change rebuilds it.
+- inner `spark-vllm-sim:lab`: Ray + vllm-sim playing vLLM config.SIM_VLLM_VERSION, labelled with
+  the hash of what it was built from (lab/inner/*, lab/vllm_sim/**, the Ray version, the
+  simulated vLLM version) so a change rebuilds it. The same image playing another vLLM version
+  (e.g. the legacy config.LEGACY_SIM_VLLM_VERSION) is tagged `spark-vllm-sim:lab-<version>`.
 """
 
 from __future__ import annotations
@@ -132,8 +134,15 @@ def _inner_roots() -> list[Path]:
     return [config.LAB_DIR / "inner", config.LAB_DIR / "vllm_sim"]
 
 
-def inner_hash() -> str:
-    return content_hash(_inner_roots(), extra=f"ray=={config.RAY_VERSION}")
+def inner_image_tag(vllm_version: str = config.SIM_VLLM_VERSION) -> str:
+    """spark-vllm-sim:lab for the default simulated vLLM, spark-vllm-sim:lab-<version> else."""
+    if vllm_version == config.SIM_VLLM_VERSION:
+        return config.INNER_IMAGE
+    return f"{config.INNER_IMAGE}-{vllm_version}"
+
+
+def inner_hash(vllm_version: str = config.SIM_VLLM_VERSION) -> str:
+    return content_hash(_inner_roots(), extra=f"ray=={config.RAY_VERSION};vllm=={vllm_version}")
 
 
 def _host_ca_bundle() -> Path:
@@ -144,19 +153,22 @@ def _host_ca_bundle() -> Path:
     raise LabError("no CA bundle for pip inside docker build (install ca-certificates)")
 
 
-def inner_image_current() -> bool:
-    want = inner_hash()
+def inner_image_current(vllm_version: str = config.SIM_VLLM_VERSION) -> bool:
+    want = inner_hash(vllm_version)
     got = docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{config.LABEL_CONTENT}"}}}}',
-                 config.INNER_IMAGE, check=False)
+                 inner_image_tag(vllm_version), check=False)
     return got == want
 
 
-def ensure_inner_image(progress: Progress, force: bool = False) -> str:
-    """Build spark-vllm-sim:lab unless an image built from the same content exists."""
-    if not force and inner_image_current():
-        return config.INNER_IMAGE
+def ensure_inner_image(progress: Progress, force: bool = False,
+                       vllm_version: str = config.SIM_VLLM_VERSION) -> str:
+    """Build the inner image for a simulated vLLM version (default: spark-vllm-sim:lab playing
+    config.SIM_VLLM_VERSION) unless an image built from the same content exists."""
+    tag = inner_image_tag(vllm_version)
+    if not force and inner_image_current(vllm_version):
+        return tag
     base = ensure_base(progress)
-    with progress.step(f"build inner image {config.INNER_IMAGE}"), tempfile.TemporaryDirectory() as ctx_s:
+    with progress.step(f"build inner image {tag}"), tempfile.TemporaryDirectory() as ctx_s:
         ctx = Path(ctx_s)
         shutil.copy(config.LAB_DIR / "inner" / "Dockerfile", ctx / "Dockerfile")
         shutil.copy(_host_ca_bundle(), ctx / "host-ca.crt")
@@ -174,12 +186,13 @@ def ensure_inner_image(progress: Progress, force: bool = False) -> str:
         (deps / ".keep").touch()
         if (sim / "pyproject.toml").is_file():
             shutil.copy(sim / "pyproject.toml", deps / "pyproject.toml")
-        _build(config.INNER_IMAGE, ctx, "build-inner",
-               {"BASE": base, "RAY_VERSION": config.RAY_VERSION},
-               {config.LABEL_CONTENT: inner_hash()})
+        _build(tag, ctx, "build-inner" if tag == config.INNER_IMAGE else f"build-inner-{vllm_version}",
+               {"BASE": base, "RAY_VERSION": config.RAY_VERSION,
+                "VLLM_SIM_VLLM_VERSION": vllm_version},
+               {config.LABEL_CONTENT: inner_hash(vllm_version)})
     # The previous build's image is now dangling; drop it so rebuilds do not pile up.
     docker("image", "prune", "-f", "--filter", f"label={config.LABEL_CONTENT}", check=False)
-    return config.INNER_IMAGE
+    return tag
 
 
 def images_present() -> bool:
