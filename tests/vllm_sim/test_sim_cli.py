@@ -47,10 +47,18 @@ def test_serve_help_lists_the_flags_spark_vllm_emits():
         assert flag in out
 
 
-def test_version_is_labelled_as_the_simulator():
-    result = run(exe("vllm"), "--version")
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [({}, "0.33.0"), ({"VLLM_SIM_VLLM_VERSION": "0.17.1"}, "0.17.1"),
+     ({"VLLM_SIM_VLLM_VERSION": "0.33.0"}, "0.33.0")],
+    ids=["default", "legacy", "v2"],
+)
+def test_version_prints_exactly_the_simulated_vllm_version(env, expected):
+    # Real `vllm --version` prints importlib.metadata.version("vllm") and nothing else
+    # (vllm/entrypoints/cli/main.py:92-97); the program's preflight reads it that way.
+    result = run(exe("vllm"), "--version", env=clean_env(**env))
     assert result.returncode == 0
-    assert result.stdout.strip() == "0.0.0+vllm-sim"
+    assert result.stdout == f"{expected}\n"
 
 
 def test_unknown_vllm_flags_are_accepted_not_fatal():

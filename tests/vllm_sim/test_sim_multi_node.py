@@ -1,4 +1,4 @@
-"""vllm-sim across two and three real Ray nodes on loopback (127.0.0.2, .3, .4), one GPU each.
+"""vllm-sim (legacy mode, vLLM 0.17.1) across two and three real Ray nodes on loopback, one GPU each.
 
 Each node's raylet gets its own VLLM_HOST_IP, as each Spark's container must: vLLM does not
 copy VLLM_HOST_IP from the driver to the workers (FIELD-NOTES "vLLM"). Tests run in file order:
@@ -11,7 +11,7 @@ import pytest
 import ray  # noqa: F401  (installed by make test)
 import requests
 import vllm_sim  # noqa: F401  (installed by make test)
-from vsim_harness import HEAD_IP, WORKER_IP, rank_lines, start_serve  # noqa: E402
+from vsim_harness import HEAD_IP, LEGACY, WORKER_IP, rank_lines, start_serve  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,7 @@ def test_tp2_places_one_rank_on_each_node_and_serves(cluster, logs):
         cluster,
         "m",
         ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"],
-        {"VLLM_HOST_IP": HEAD_IP},
+        {**LEGACY, "VLLM_HOST_IP": HEAD_IP},
         logs,
     )
     try:
@@ -58,7 +58,7 @@ def test_worker_with_the_heads_vllm_host_ip_breaks_the_unique_ip_rule(cluster, l
         cluster,
         "m",
         ["--tensor-parallel-size", "3", "--distributed-executor-backend", "ray"],
-        {"VLLM_HOST_IP": HEAD_IP},
+        {**LEGACY, "VLLM_HOST_IP": HEAD_IP},
         logs,
     )
     try:

@@ -1,4 +1,4 @@
-"""vllm-sim against a real one-node Ray cluster (head 127.0.0.2, one GPU), as vLLM would act.
+"""vllm-sim (legacy mode, vLLM 0.17.1) against a real one-node Ray cluster (head 127.0.0.2, one GPU).
 
 The incident (FIELD-NOTES "The incident"): VLLM_HOST_IP names an address Ray registered no
 node under, so the placement group's `node:<ip>` pin can never be met and vLLM waits, then
@@ -16,7 +16,7 @@ import pytest
 import ray  # noqa: F401  (installed by make test)
 import requests
 import vllm_sim  # noqa: F401  (installed by make test)
-from vsim_harness import RayCluster, Serve, rank_lines, start_cluster, start_serve  # noqa: E402
+from vsim_harness import LEGACY, RayCluster, Serve, rank_lines, start_cluster, start_serve  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +63,7 @@ def server(cluster: RayCluster, logs: Path):
             "--enforce-eager",
         ],
         # spark-vllm passes the key only through the environment.
-        {"VLLM_HOST_IP": HEAD_IP, "VLLM_API_KEY": API_KEY},
+        {**LEGACY, "VLLM_HOST_IP": HEAD_IP, "VLLM_API_KEY": API_KEY},
         logs,
     )
     try:
@@ -171,7 +171,7 @@ class TestServesWhenIdentitiesAgree:
             cluster,
             "m",
             ["--distributed-executor-backend", "ray"],
-            {"VLLM_HOST_IP": HEAD_IP},
+            {**LEGACY, "VLLM_HOST_IP": HEAD_IP},
             logs,
         )
         try:
@@ -201,7 +201,7 @@ def stuck_runs(cluster: RayCluster, logs: Path) -> dict[str, tuple[int, str, flo
             cluster,
             "m",
             [*flags, "--distributed-executor-backend", "ray"],
-            {"VLLM_HOST_IP": ip, "VLLM_SIM_PG_WAIT_TIMEOUT": str(PG_WAIT_S)},
+            {**LEGACY, "VLLM_HOST_IP": ip, "VLLM_SIM_PG_WAIT_TIMEOUT": str(PG_WAIT_S)},
             logs,
         )
         try:
@@ -240,7 +240,7 @@ def test_tp2_on_a_one_gpu_cluster_waits_then_fails(stuck_runs):
 def test_health_turns_503_when_a_rank_dies(cluster: RayCluster, logs: Path, stuck_runs):
     # Uses the GPU after the other cases are done with it (stuck_runs has finished).
     s = start_serve(
-        cluster, "m", ["--distributed-executor-backend", "ray"], {"VLLM_HOST_IP": HEAD_IP}, logs
+        cluster, "m", ["--distributed-executor-backend", "ray"], {**LEGACY, "VLLM_HOST_IP": HEAD_IP}, logs
     )
     try:
         s.wait_ready()

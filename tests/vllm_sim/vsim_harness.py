@@ -30,6 +30,32 @@ BIN = Path(sys.executable).parent
 NODE_START_TIMEOUT_S = 60.0
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # the `cluster` fixture (conftest.py)
 SERVER_READY_TIMEOUT_S = 60.0
+# The simulator plays vLLM 0.33.0 (V2 mode) unless told otherwise; tests of the legacy executor
+# (the seed image's vLLM) pass this in the server's env.
+LEGACY = {"VLLM_SIM_VLLM_VERSION": "0.17.1"}
+V2 = {"VLLM_SIM_VLLM_VERSION": "0.33.0"}
+
+
+def can_unshare_mount() -> bool:
+    """True if this machine lets us give a process its own /tmp (user + mount namespace)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(
+        ["unshare", "-Urm", "sh", "-c", "mount -t tmpfs none /mnt 2>/dev/null || "
+         "mount --bind /tmp /tmp"], capture_output=True, timeout=30,
+    )
+    return probe.returncode == 0
+
+
+# Run inside `unshare -Urm`: /tmp becomes the node's own directory (as a container's /tmp is its
+# own), except Ray's temp dir, bound back in at the same path (the lab shares /tmp/ray the same
+# way). /dev/shm stays shared (the lab's --ipc host).
+_PRIVATE_TMP = (
+    'set -e; priv="$1"; raytmp="$2"; shift 2; '
+    'mkdir -p "$priv/$(basename "$raytmp")"; '
+    'mount --bind "$raytmp" "$priv/$(basename "$raytmp")"; '
+    'mount --rbind "$priv" /tmp; exec "$@"'
+)
 
 
 def exe(name: str) -> str:
@@ -97,7 +123,16 @@ class RayCluster:
     def address(self) -> str:
         return f"{self.head_ip}:{self.port}"
 
-    def add_node(self, ip: str, vllm_host_ip: str | None, gpus: int = 1) -> None:
+    def add_node(
+        self,
+        ip: str,
+        vllm_host_ip: str | None,
+        gpus: int = 1,
+        env: dict[str, str] | None = None,
+        private_tmp: Path | None = None,
+    ) -> None:
+        """`env`: extra variables the node's `ray start` (its container) has. `private_tmp`: the
+        node gets its own /tmp, backed by this directory (needs can_unshare_mount())."""
         head = not self.procs
         args = [
             exe("ray"),
@@ -125,11 +160,15 @@ class RayCluster:
         else:
             args.append(f"--address={self.address}")
         # What the node's container would have: the raylet's env is what its workers see.
-        env = clean_env(**({"VLLM_HOST_IP": vllm_host_ip} if vllm_host_ip else {}))
+        node_env = clean_env(**({"VLLM_HOST_IP": vllm_host_ip} if vllm_host_ip else {}))
+        node_env.update(env or {})
+        if private_tmp is not None:
+            args = ["unshare", "-Urm", "sh", "-c", _PRIVATE_TMP, "sh", str(private_tmp),
+                    self.temp_dir, *args]
         log = Path(self.temp_dir) / f"ray-start-{ip}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
-                args, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                args, env=node_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
             )
         self.procs.append(proc)
         self.logs.append(log)
@@ -145,11 +184,16 @@ class RayCluster:
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
-def start_cluster(head_vllm_host_ip: str | None = "127.0.0.2") -> RayCluster:
+def start_cluster(
+    head_vllm_host_ip: str | None = "127.0.0.2",
+    gpus: int = 1,
+    env: dict[str, str] | None = None,
+    private_tmp: Path | None = None,
+) -> RayCluster:
     # Short path: Ray's unix sockets live under it and must stay under 108 bytes.
     cluster = RayCluster(temp_dir=tempfile.mkdtemp(prefix="vsim-", dir="/tmp"), port=free_port())
     try:
-        cluster.add_node(cluster.head_ip, head_vllm_host_ip)
+        cluster.add_node(cluster.head_ip, head_vllm_host_ip, gpus, env, private_tmp)
     except Exception:
         cluster.stop()
         raise

@@ -1,15 +1,51 @@
 """vllm-sim: a stand-in for `vllm serve` in spark-vllm's lab.
 
-It reproduces what vLLM's Ray executor does to a cluster (IP choice, placement group with the
-`node:<ip>` pin, one actor per rank, the same waiting and error text) and serves the
-OpenAI-compatible endpoints with canned answers. It does no inference.
+It reproduces what vLLM's Ray executor does to a cluster (IP choice, placement group, one actor
+per rank, the same waiting and error text) and serves the OpenAI-compatible endpoints with
+canned answers. It does no inference.
+
+Which vLLM it plays is set by VLLM_SIM_VLLM_VERSION (default DEFAULT_VLLM_VERSION):
+- legacy mode (< V2_FROM, e.g. 0.17.1, the seed image's vLLM): the legacy Ray executor, with the
+  `node:<ip>` pin, the driver-GPU and unique-IP checks, a permissive command line.
+- V2 mode (>= V2_FROM, modelled on 0.33.0): RayExecutorV2 (vllm/v1/executor/abstract.py:76-79
+  picks it for `ray` unconditionally in 0.33.0), the real flag table, the real auth scope.
 """
 
-__version__ = "0.1.0"
-# What `vllm --version` prints: the `+vllm-sim` local label says plainly it is not vLLM.
-VLLM_VERSION = "0.0.0+vllm-sim"
+import os
+import re
+
+__version__ = "0.2.0"
+
+# The version the lab image plays unless told otherwise (lab/config.py SIM_VLLM_VERSION).
+DEFAULT_VLLM_VERSION = "0.33.0"
+# RayExecutorV2 became the default for `--distributed-executor-backend ray` around 0.23
+# (introduced opt-in by vllm PR #36836, VLLM_USE_RAY_V2_EXECUTOR_BACKEND default off; default on
+# by 0.23 per downstream reports; the switch is gone in 0.33.0). Only 0.17.1 (legacy) and 0.33.0
+# (V2) are read from source; versions in between are mapped by this threshold, unverified.
+V2_FROM = (0, 23)
 
 BANNER = (
     "vllm-sim: a SIMULATOR of vLLM's multi-node Ray orchestration for spark-vllm's lab "
     "\u2014 it does no inference."
 )
+
+
+def simulated_version() -> str:
+    """The vLLM version this process plays: what `vllm --version` prints, as the real CLI
+    prints importlib.metadata.version("vllm") (vllm/entrypoints/cli/main.py:92-97)."""
+    return os.environ.get("VLLM_SIM_VLLM_VERSION") or DEFAULT_VLLM_VERSION
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    m = re.match(r"^\s*(\d+)\.(\d+)", version)
+    if not m:
+        raise ValueError(f"VLLM_SIM_VLLM_VERSION={version!r} is not a version like 0.33.0")
+    return int(m.group(1)), int(m.group(2))
+
+
+def is_v2(version: str | None = None) -> bool:
+    return _major_minor(version or simulated_version()) >= V2_FROM
+
+
+# Kept for importers; the value follows VLLM_SIM_VLLM_VERSION at import time.
+VLLM_VERSION = simulated_version()

@@ -1,14 +1,26 @@
 """The OpenAI-compatible surface of `vllm serve`, with canned, deterministic answers.
 
 Shapes follow vLLM: /health is open and answers 200 while the engine lives, 503 once it is
-dead (vllm/entrypoints/serve/instrumentator/health.py); with an API key every /v1 path needs
-`Authorization: Bearer <key>` and otherwise gets 401 {"error": "Unauthorized"}; an unknown
-`model` gets 404 "The model `X` does not exist.".
+dead (vllm/entrypoints/serve/instrumentator/health.py:22-33); an unknown `model` gets 404
+"The model `X` does not exist.".
+
+Auth, legacy mode: with an API key every /v1 path needs `Authorization: Bearer <key>`, else 401
+{"error": "Unauthorized"}.
+Auth, V2 mode (vLLM 0.33.0, vllm/entrypoints/serve/middleware/authenticate.py:11-62): paths
+under GUARDED_PREFIX = /v1, /v2, /inference, /cohere (after root_path) need `<scheme> <key>`
+with scheme "bearer" in any case and one of the keys; OPTIONS is never checked; everything
+else is open, including /invocations, which serves chat and completions without a key
+(vllm/entrypoints/serve/sagemaker/api_router.py:91-140, registered by
+vllm/entrypoints/launchers/api_server/routers.py:40-44), and /ping (= /health).
+`/sim/ranks` is the simulator's own route (not vLLM's), outside GUARDED_PREFIX: what each
+rank's environment ended up with (secrets as presence only).
 """
 
 import asyncio
+import hashlib
 import hmac
 import json
+import secrets
 import time
 import uuid
 from collections.abc import Callable
@@ -19,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from vllm_sim import VLLM_VERSION
+from vllm_sim import simulated_version
 from vllm_sim.logger import init_logger
 
 logger = init_logger(__name__)
@@ -34,6 +46,10 @@ class ServerState:
     rank_ips: list[str]  # Ray node address of each rank, in rank order
     max_model_len: int | None = None
     api_key: str | None = None
+    api_keys: list[str] = field(default_factory=list)
+    v2: bool = False
+    # V2: per rank {"rank", "node_ip", "node_id", "driver_node", "pid", "env"} (ray_env.py)
+    rank_reports: list[dict[str, Any]] | None = None
     # Called off the event loop; True while the engine's ranks answer.
     check_health: Callable[[], bool] = lambda: True
     created: int = field(default_factory=lambda: int(time.time()))
@@ -63,11 +79,40 @@ def _message_text(content: Any) -> str:
     return ""
 
 
+# vllm/entrypoints/serve/middleware/authenticate.py:11
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def _v2_token_ok(header: str | None, keys: list[str]) -> bool:
+    """authenticate.py:30-45: `<scheme> <token>`, scheme 'bearer' in any case, any key."""
+    if not header:
+        return False
+    scheme, _, param = header.partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    given = hashlib.sha256(param.encode()).digest()
+    ok = False
+    for key in keys:
+        ok |= secrets.compare_digest(given, hashlib.sha256(key.encode()).digest())
+    return ok
+
+
 def build_app(state: ServerState) -> FastAPI:
-    app = FastAPI(title="vllm-sim", version=VLLM_VERSION)
+    app = FastAPI(title="vllm-sim", version=simulated_version())
 
     @app.middleware("http")
     async def authentication(request: Request, call_next):  # type: ignore[no-untyped-def]
+        if state.v2:
+            root = request.scope.get("root_path", "")
+            path = request.scope["path"].removeprefix(root)
+            if (
+                state.api_keys
+                and request.method != "OPTIONS"
+                and path.startswith(GUARDED_PREFIX)
+                and not _v2_token_ok(request.headers.get("Authorization"), state.api_keys)
+            ):
+                return JSONResponse({"error": "Unauthorized"}, status_code=401)
+            return await call_next(request)
         if state.api_key and request.method != "OPTIONS" and request.url.path.startswith("/v1"):
             given = request.headers.get("Authorization", "")
             if not hmac.compare_digest(given.encode(), f"Bearer {state.api_key}".encode()):
@@ -87,7 +132,7 @@ def build_app(state: ServerState) -> FastAPI:
 
     @app.get("/version")
     async def version() -> dict[str, str]:
-        return {"version": VLLM_VERSION}
+        return {"version": simulated_version()}
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -110,10 +155,13 @@ def build_app(state: ServerState) -> FastAPI:
         return _error(f"The model `{name}` does not exist.", "NotFoundError", 404, "model")
 
     def _answer(said: str) -> str:
+        env = ""
+        if state.rank_reports:
+            env = " " + "; ".join(_rank_env_summary(r) for r in state.rank_reports)
         return (
             "vllm-sim (simulator, no inference): "
             f"TP={state.tensor_parallel_size} PP={state.pipeline_parallel_size} "
-            f"ranks on {', '.join(state.rank_ips)} \u2014 you said: {said}"
+            f"ranks on {', '.join(state.rank_ips)}{env} \u2014 you said: {said}"
         )
 
     async def _read_json(request: Request) -> dict[str, Any] | JSONResponse:
@@ -182,6 +230,9 @@ def build_app(state: ServerState) -> FastAPI:
         body = await _read_json(request)
         if isinstance(body, JSONResponse):
             return body
+        return await chat_completions_body(body)
+
+    async def chat_completions_body(body: dict[str, Any]) -> Response:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return _error("`messages` must be a non-empty list.", "BadRequestError", 400)
@@ -198,10 +249,46 @@ def build_app(state: ServerState) -> FastAPI:
         body = await _read_json(request)
         if isinstance(body, JSONResponse):
             return body
+        return await completions_body(body)
+
+    async def completions_body(body: dict[str, Any]) -> Response:
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):
             prompt = " ".join(str(p) for p in prompt)
         return await _complete(body, str(prompt), str(prompt), chat=False)
+
+    if state.v2:
+
+        @app.api_route("/ping", methods=["GET", "POST"])
+        async def ping() -> Response:
+            # sagemaker/api_router.py:91-96: the health check under another name.
+            return Response(status_code=200 if await engine_alive() else 503)
+
+        @app.post("/invocations")
+        async def invocations(request: Request) -> Response:
+            # sagemaker/api_router.py:98-140: the body is tried as a chat request, then as a
+            # completion request (generate/factories.py:37-40); no API key is asked for.
+            body = await _read_json(request)
+            if isinstance(body, JSONResponse):
+                return body
+            if isinstance(body.get("messages"), list) and body["messages"]:
+                return await chat_completions_body(body)
+            if "prompt" in body:
+                return await completions_body(body)
+            return _error(
+                "Cannot find suitable handler for request. Expected one of: "
+                "['ChatCompletionRequest', 'CompletionRequest']",
+                "BadRequestError",
+                400,
+            )
+
+        @app.get("/load")
+        async def load() -> dict[str, int]:
+            return {"server_load": state.running}
+
+        @app.get("/sim/ranks")
+        async def sim_ranks() -> dict[str, Any]:
+            return {"simulator": True, "ranks": state.rank_reports or []}
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -227,7 +314,7 @@ def build_app(state: ServerState) -> FastAPI:
             f"vllm:generation_tokens_total{{{labels}}} {float(state.generation_tokens_total)}",
             "# HELP vllm_sim_info This server is vllm-sim, a simulator: it does no inference.",
             "# TYPE vllm_sim_info gauge",
-            f'vllm_sim_info{{version="{VLLM_VERSION}",'
+            f'vllm_sim_info{{version="{simulated_version()}",'
             f'tensor_parallel_size="{state.tensor_parallel_size}",'
             f'pipeline_parallel_size="{state.pipeline_parallel_size}"}} 1.0',
         ]
@@ -236,6 +323,20 @@ def build_app(state: ServerState) -> FastAPI:
         )
 
     return app
+
+
+def _rank_env_summary(report: dict[str, Any]) -> str:
+    """`r0@127.0.0.2[NCCL_SOCKET_IFNAME=eth0(node) HF_TOKEN=set(driver)]`: values of the fabric
+    keys with where they came from; secrets as set/unset only."""
+    parts = []
+    for key, entry in report["env"].items():
+        if "value" in entry:
+            parts.append(f"{key}={entry['value']}({entry['source']})")
+        elif entry.get("present"):
+            parts.append(f"{key}=set({entry['source']})")
+        else:
+            parts.append(f"{key}=unset")
+    return f"r{report['rank']}@{report['node_ip']}[{' '.join(parts)}]"
 
 
 async def _stream(rid: str, created: int, model: str, text: str, usage: dict[str, int], chat: bool):  # type: ignore[no-untyped-def]

@@ -1,20 +1,22 @@
 """`vllm` / `vllm-sim` entry point: `vllm serve MODEL [flags]`, `vllm --version`, `--help`.
 
-Flags spark-vllm emits are parsed; any other vLLM flag is accepted and logged (it changes
-nothing in a simulator). The API key may come from --api-key or, as in vLLM, VLLM_API_KEY;
-its value is never logged.
+Legacy mode: flags spark-vllm emits are parsed; any other vLLM flag is accepted and logged (it
+changes nothing in a simulator). V2 mode: the real 0.33.0 flag table and FlexibleArgumentParser's
+rules (serve_flags.py); an unknown flag is argparse's error, exit 2. The API key may come from
+--api-key or, as in vLLM, VLLM_API_KEY; its value is never logged.
 """
 
 import argparse
 import asyncio
 import os
+import re
 import signal
 import socket
 import sys
 import time
 from typing import Any
 
-from vllm_sim import BANNER, VLLM_VERSION
+from vllm_sim import BANNER, is_v2, simulated_version
 from vllm_sim.logger import configure_logging, init_logger
 
 logger = init_logger(__name__)
@@ -33,8 +35,9 @@ class _BannerParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """Legacy mode's permissive parser (unknown flags are returned as extras)."""
     parser = _BannerParser(prog="vllm", description="vLLM CLI (simulated by vllm-sim).")
-    parser.add_argument("-v", "--version", action="version", version=VLLM_VERSION)
+    parser.add_argument("-v", "--version", action="version", version=simulated_version())
     sub = parser.add_subparsers(dest="subcommand", parser_class=_BannerParser)
     serve = sub.add_parser(
         "serve",
@@ -55,6 +58,25 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", nargs="+", default=None)
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
+    return parser
+
+
+def build_parser_v2() -> argparse.ArgumentParser:
+    """V2 mode: the real flag table, strict (vllm/entrypoints/cli/main.py:88-110,
+    vllm/entrypoints/cli/serve.py:161-174)."""
+    from vllm_sim.serve_flags import add_serve_arguments
+
+    parser = _BannerParser(prog="vllm", description="vLLM CLI (simulated by vllm-sim).")
+    parser.add_argument("-v", "--version", action="version", version=simulated_version())
+    sub = parser.add_subparsers(required=False, dest="subcommand", parser_class=_BannerParser)
+    serve = sub.add_parser(
+        "serve",
+        help="Launch a local OpenAI-compatible API server to serve LLM completions via HTTP "
+        "(simulated: Ray placement and per-rank actors, canned answers).",
+        description="Simulate `vllm serve` of vLLM " + simulated_version() + ".",
+        usage="vllm serve [model_tag] [options]",
+    )
+    add_serve_arguments(serve)
     return parser
 
 
@@ -82,8 +104,9 @@ def _exit_on_sigterm(signum: int, _frame: Any) -> None:
 
 
 def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
+    v2 = is_v2()
     logger.warning("%s", BANNER)
-    logger.info("vLLM API server version %s", VLLM_VERSION)
+    logger.info("vLLM API server version %s", simulated_version())
     logger.info("non-default args: %s", _non_default_args(args, parser))
     if extra:
         logger.info("Accepted vLLM arguments that the simulator does not act on: %s", extra)
@@ -92,8 +115,13 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
     if not model:
         parser.error("a model is required: vllm serve MODEL")
     served_name = (args.served_model_name or [model])[0]
-    api_key = args.api_key or os.environ.get("VLLM_API_KEY") or None
-    if api_key:
+    if v2:
+        # vllm/entrypoints/serve/middleware/register.py:32-36: --api-key (one or more) wins
+        # over VLLM_API_KEY; empty keys are dropped.
+        api_keys = [k for k in (args.api_key or [os.environ.get("VLLM_API_KEY")]) if k]
+    else:
+        api_keys = [k for k in [args.api_key or os.environ.get("VLLM_API_KEY")] if k]
+    if api_keys and not v2:
         logger.info("API key authentication is enabled for /v1 endpoints.")
 
     from vllm_sim.network_utils import get_ip
@@ -122,13 +150,11 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
         return 1
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    executor = None
+    executor: Any = None
     rank_ips = [get_ip()]
+    load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", DEFAULT_LOAD_SECONDS))
     if backend == "ray":
         import ray
-
-        from vllm_sim.ray_executor import init_workers_ray
-        from vllm_sim.ray_utils import initialize_ray_cluster
 
         logger.info(
             "Initializing a V1 LLM engine with config: model=%r, tensor_parallel_size=%d, "
@@ -138,8 +164,16 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
             pc.pipeline_parallel_size,
         )
         try:
-            pg = initialize_ray_cluster(pc)
-            executor = init_workers_ray(pg, pc.world_size)
+            if v2:
+                from vllm_sim.ray_executor_v2 import RayExecutorV2Sim
+
+                executor = RayExecutorV2Sim(pc, load_s)
+            else:
+                from vllm_sim.ray_executor import init_workers_ray
+                from vllm_sim.ray_utils import initialize_ray_cluster
+
+                pg = initialize_ray_cluster(pc)
+                executor = init_workers_ray(pg, pc.world_size)
         except Exception:
             logger.exception("EngineCore failed to start.")
             if ray.is_initialized():
@@ -147,16 +181,34 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
             return 1
         rank_ips = [r.ray_node_ip for r in executor.ranks]
 
-    load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", DEFAULT_LOAD_SECONDS))
-    logger.info("Loading weights (simulated)... %s", model)
-    t0 = time.time()
-    time.sleep(load_s)
-    logger.info("Model loading took 0.0000 GiB and %.2f seconds (simulated)", time.time() - t0)
+    if not (v2 and executor is not None):  # in V2 the ranks load the weights
+        logger.info("Loading weights (simulated)... %s", model)
+        t0 = time.time()
+        time.sleep(load_s)
+        logger.info(
+            "Model loading took 0.0000 GiB and %.2f seconds (simulated)", time.time() - t0
+        )
 
-    return _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor)
+    return _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, v2)
 
 
-def _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor) -> int:  # type: ignore[no-untyped-def]
+def _max_model_len(value: Any) -> int | None:
+    """Legacy parses an int. V2 keeps the text, read here as vLLM's human_readable_int does
+    (vllm/utils/argparse_utils.py:30-60: k/m/g/t decimal, K/M/G/T binary); "auto" -> None."""
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value).strip()
+    if text.isdigit():
+        return int(text)
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", text)
+    if not m:
+        return None
+    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+            "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m.group(2)]
+    return int(float(m.group(1)) * mult)
+
+
+def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, v2) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
     from vllm_sim.api_server import ServerState, build_app
@@ -167,8 +219,11 @@ def _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor) -
         tensor_parallel_size=pc.tensor_parallel_size,
         pipeline_parallel_size=pc.pipeline_parallel_size,
         rank_ips=rank_ips,
-        max_model_len=args.max_model_len,
-        api_key=api_key,
+        max_model_len=_max_model_len(args.max_model_len),
+        api_key=api_keys[0] if api_keys else None,
+        api_keys=api_keys,
+        v2=v2,
+        rank_reports=getattr(executor, "rank_reports", None),
         check_health=executor.check_health if executor else (lambda: True),
     )
     app = build_app(state)
@@ -181,6 +236,8 @@ def _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor) -
             logger.info("Route: %s, Methods: %s", route.path, ", ".join(sorted(methods)))
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
+    if v2 and executor is not None:
+        _exit_when_engine_dies(executor, server)
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
@@ -188,12 +245,67 @@ def _run_http(args, sock, model, served_name, api_key, pc, rank_ips, executor) -
         if executor is not None:
             import ray
 
+            if v2:
+                executor.shutdown()  # kills the actors, removes the ipc sockets and /dev/shm
+
             ray.shutdown()
     return 0
 
 
+# vllm/entrypoints/launchers/launcher.py:314-337: every 5 s the watchdog checks the engine and
+# sets uvicorn's should_exit when it is dead (VLLM_KEEP_ALIVE_ON_ENGINE_DEATH=1 keeps it up).
+WATCHDOG_S = 5.0
+
+
+def _exit_when_engine_dies(executor: Any, server: Any) -> None:
+    """V2: a dead rank ends the process, the way vLLM 0.33.0 gets there.
+
+    The executor's failure callback queues EXECUTOR_FAILED (vllm/v1/engine/core.py:1186-1188),
+    the engine core raises RuntimeError("Executor failed.") (:1778-1779) and exits, the client
+    notices (vllm/v1/engine/core_client.py:833-842), the watchdog stops uvicorn. Nothing
+    re-raises afterwards, so the process exits 0 (vllm issue #48966; fix proposed in PR #52178).
+    """
+    import threading
+
+    dead = threading.Event()
+
+    def on_failure() -> None:
+        try:
+            raise RuntimeError("Executor failed.")
+        except RuntimeError:
+            logger.exception("EngineCore encountered a fatal error.")
+        logger.warning("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+        dead.set()
+
+    executor.register_failure_callback(on_failure)
+    keep_alive = os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "0") not in ("", "0")
+
+    def watchdog() -> None:
+        while True:
+            time.sleep(WATCHDOG_S)
+            if dead.is_set() and not keep_alive:
+                server.should_exit = True
+                return
+
+    threading.Thread(target=watchdog, daemon=True, name="watchdog").start()
+
+
 def main(argv: list[str] | None = None) -> int:
     configure_logging()
+    if is_v2():
+        from vllm_sim.serve_flags import flexible_argv
+
+        parser = build_parser_v2()
+        raw = list(sys.argv[1:] if argv is None else argv)
+        try:
+            args = parser.parse_args(flexible_argv(raw))
+        except ValueError as exc:  # raised by vLLM's parse_args itself, uncaught there too
+            logger.error("%s", exc)
+            return 1
+        if args.subcommand != "serve":
+            parser.print_help()
+            return 0
+        return serve(args, [], parser)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if args.subcommand != "serve":

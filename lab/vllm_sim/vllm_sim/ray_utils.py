@@ -1,10 +1,17 @@
-"""vLLM's legacy Ray executor cluster set-up (vllm/v1/executor/ray_utils.py), simulated.
+"""vLLM's Ray executor cluster set-up (vllm/v1/executor/ray_utils.py), simulated, per mode.
+
+Legacy mode (vLLM 0.17.1, initialize_ray_cluster below):
 
 Same resource request, same waits, same text: one bundle {"GPU": 1.0} per rank, strategy PACK,
 the first bundle pinned to `node:<get_ip()>` so that rank 0 lands where the API server runs.
 When the pin names an address Ray registered no node under (the seed incident: VLLM_HOST_IP =
 RoCE IP, Ray head on the external IP), the group stays PENDING and this waits, logging, exactly
 as vLLM does.
+
+V2 mode (vLLM 0.33.0, initialize_ray_cluster_v2 below; vllm/v1/executor/ray_utils.py:266-384):
+the same bundles WITHOUT the pin and without the driver-GPU check; the same wait and text
+(:201-263); _verify_bundles only warns about TP across nodes (:55-91); ranks are ordered by
+get_bundles_sorted_by_node (:141-198): driver's node first, then by Ray node id.
 """
 
 import logging
@@ -211,3 +218,82 @@ def _verify_bundles(placement_group: PlacementGroup, parallel_config: ParallelCo
                 node_id,
                 parallel_config.tensor_parallel_size,
             )
+
+
+def initialize_ray_cluster_v2(parallel_config: ParallelConfig) -> PlacementGroup:
+    """vllm/v1/executor/ray_utils.py:266-384 (0.33.0)."""
+    # :286-287
+    if os.environ.get("RAY_USAGE_STATS_ENABLED", "0") != "1":
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    # :290-302; device_count() is the node's GPUs: one on a Spark.
+    if parallel_config.world_size > 1 and parallel_config.world_size > LOCAL_GPUS:
+        logger.warning(
+            "Tensor parallel size (%d) exceeds available GPUs (%d). "
+            "This may result in Ray placement group allocation failures. "
+            "Consider reducing tensor_parallel_size to %d or less, "
+            "or ensure your Ray cluster has %d GPUs available.",
+            parallel_config.world_size,
+            LOCAL_GPUS,
+            LOCAL_GPUS,
+            parallel_config.world_size,
+        )
+    if ray.is_initialized():
+        logger.info("Ray is already initialized. Skipping Ray initialization.")
+    else:
+        connect_ray()
+
+    # :357-379: no `node:<ip>` entry, no "Current node has no GPU" check.
+    logger.info("No current placement group found. Creating a new placement group.")
+    num_devices_in_cluster = ray.cluster_resources().get(DEVICE_STR, 0)
+    if parallel_config.world_size > num_devices_in_cluster:
+        logger.warning(
+            "The number of required %ss exceeds the total "
+            "number of available %ss in the placement group.",
+            DEVICE_STR,
+            DEVICE_STR,
+        )
+    specs: list[dict[str, float]] = [{DEVICE_STR: 1.0} for _ in range(parallel_config.world_size)]
+    current_placement_group = ray.util.placement_group(specs, strategy="PACK")
+    _wait_until_pg_ready(current_placement_group)
+    _warn_tp_across_nodes(current_placement_group, parallel_config)
+    return current_placement_group
+
+
+def _warn_tp_across_nodes(placement_group: PlacementGroup, parallel_config: ParallelConfig) -> None:
+    """vllm/v1/executor/ray_utils.py:55-91 (0.33.0): the driver-node rule is gone."""
+    pg_data = placement_group_table(placement_group)
+    node_id_to_bundle: dict[str, list[dict[str, float]]] = defaultdict(list)
+    for bundle_idx, node_id in pg_data["bundles_to_node_id"].items():
+        node_id_to_bundle[node_id].append(pg_data["bundles"][bundle_idx])
+    for node_id, node_bundles in node_id_to_bundle.items():
+        if len(node_bundles) < parallel_config.tensor_parallel_size:
+            logger.warning(
+                "tensor_parallel_size=%d "
+                "is bigger than a reserved number of %ss (%d "
+                "%ss) in a node %s. Tensor parallel workers can be "
+                "spread out to 2+ nodes which can degrade the performance "
+                "unless you have fast interconnect across nodes, like "
+                "Infiniband. To resolve this issue, make sure you have more "
+                "than %d GPUs available at each node.",
+                parallel_config.tensor_parallel_size,
+                DEVICE_STR,
+                len(node_bundles),
+                DEVICE_STR,
+                node_id,
+                parallel_config.tensor_parallel_size,
+            )
+
+
+def get_bundles_sorted_by_node(placement_group: PlacementGroup) -> list[tuple[int, str, str]]:
+    """vllm/v1/executor/ray_utils.py:141-198: (bundle index, node id, NodeManagerAddress),
+    bundles on the driver's Ray node first, then by node id (a hex string)."""
+    bundle_to_node = placement_group_table(placement_group)["bundles_to_node_id"]
+    node_id_to_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    out: list[tuple[int, str, str]] = []
+    for bundle_idx, bundle in enumerate(placement_group.bundle_specs):
+        if bundle.get(DEVICE_STR):
+            node_id = bundle_to_node.get(bundle_idx)
+            out.append((bundle_idx, node_id, node_id_to_ip[node_id]))
+    driver_node = ray.get_runtime_context().get_node_id()
+    out.sort(key=lambda item: (0 if item[1] == driver_node else 1, item[1]))
+    return out

@@ -1,0 +1,172 @@
+"""V2 mode (vLLM 0.33.0 RayExecutorV2) on a real two-node Ray on loopback: placement without
+the `node:` pin, the driver's environment carried to every rank, a dead rank ends the server.
+
+The worker node's `ray start` sets NCCL_SOCKET_IFNAME itself (its container's fabric setting);
+the head's does not. vllm/v1/executor/ray_env_utils.py:10-20 + ray_executor_v2.py:173-177.
+"""
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import requests
+import vllm_sim  # noqa: F401  (installed by make test)
+from vsim_harness import (
+    HEAD_IP,
+    LEGACY,
+    V2,
+    WORKER_IP,
+    RayCluster,
+    rank_lines,
+    start_cluster,
+    start_serve,
+)
+
+pytestmark = pytest.mark.slow
+
+WORKER_NCCL_IF = "enp1s0f1np1"  # what the worker's container sets
+DRIVER_ENV = {
+    "NCCL_SOCKET_IFNAME": "head-if0",
+    "GLOO_SOCKET_IFNAME": "head-gloo0",
+    "UCX_NET_DEVICES": "head-mlx5_0:1",
+    "HF_TOKEN": "hf_secret_value_9",
+    "VLLM_API_KEY": "api-secret-value-9",
+}
+TP2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    c = start_cluster(head_vllm_host_ip=HEAD_IP)
+    try:
+        c.add_node(WORKER_IP, vllm_host_ip=WORKER_IP, env={"NCCL_SOCKET_IFNAME": WORKER_NCCL_IF})
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def logs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("v2-serve-logs")
+
+
+def ranks_of(cluster: RayCluster, logs: Path, env: dict[str, str]) -> tuple[list[dict], str]:
+    s = start_serve(cluster, "m", TP2, {**V2, "VLLM_HOST_IP": HEAD_IP, **env}, logs)
+    try:
+        s.wait_ready()
+        auth = {"Authorization": f"Bearer {env['VLLM_API_KEY']}"} if "VLLM_API_KEY" in env else {}
+        ranks = requests.get(f"{s.url}/sim/ranks", timeout=10).json()["ranks"]
+        chat = requests.post(f"{s.url}/v1/chat/completions", headers=auth, timeout=10,
+                             json={"model": "m", "messages": [{"role": "user", "content": "e"}]})
+        assert chat.status_code == 200, chat.text
+        return ranks, chat.json()["choices"][0]["message"]["content"]
+    finally:
+        s.stop()
+
+
+def test_v2_places_without_the_pin_where_legacy_waits(cluster, logs):
+    # The seed incident's driver: VLLM_HOST_IP names no Ray node.
+    env = {"VLLM_HOST_IP": "127.0.0.9", "VLLM_SIM_PG_WAIT_TIMEOUT": "11"}
+
+    def run(mode: dict[str, str]):  # type: ignore[no-untyped-def]
+        s = start_serve(cluster, "m", ["-tp", "1", "--distributed-executor-backend", "ray"],
+                        {**mode, **env}, logs)
+        try:
+            if mode is V2:
+                s.wait_ready()
+                return "ready", s.output()
+            return s.wait_exit(60), s.output()
+        finally:
+            s.stop()
+
+    legacy = run(LEGACY)
+    v2 = run(V2)
+    assert legacy[0] == 1
+    assert "'node:127.0.0.9': 0.001" in legacy[1]
+    assert "Cannot provide a placement group" in legacy[1]
+    assert v2[0] == "ready"
+    assert "'node:" not in v2[1]
+    assert "Waiting for creating a placement group" not in v2[1]
+    assert "Every node should have a unique IP" not in v2[1]
+    assert len(rank_lines(v2[1])) == 1
+
+
+def test_env_is_carried_unless_the_node_sets_it(cluster, logs):
+    ranks, text = ranks_of(cluster, logs, DRIVER_ENV)
+    head, worker = ranks
+    assert (head["node_ip"], head["driver_node"]) == (HEAD_IP, True)
+    assert (worker["node_ip"], worker["driver_node"]) == (WORKER_IP, False)
+    # The head's fabric values land on the worker wherever its container is silent ...
+    assert worker["env"]["GLOO_SOCKET_IFNAME"] == {"value": "head-gloo0", "source": "driver"}
+    assert worker["env"]["UCX_NET_DEVICES"] == {"value": "head-mlx5_0:1", "source": "driver"}
+    # ... but not where it sets the variable itself.
+    assert worker["env"]["NCCL_SOCKET_IFNAME"] == {"value": WORKER_NCCL_IF, "source": "node"}
+    assert head["env"]["NCCL_SOCKET_IFNAME"] == {"value": "head-if0", "source": "driver"}
+    # VLLM_HOST_IP is worker-specific: never copied (ray_utils.py:17-25).
+    assert worker["env"]["VLLM_HOST_IP"] == {"value": WORKER_IP, "source": "node"}
+    # The secrets reach every rank process; reported by presence only.
+    for rank in ranks:
+        assert rank["env"]["HF_TOKEN"] == {"present": True, "source": "driver"}
+        assert rank["env"]["VLLM_API_KEY"] == {"present": True, "source": "driver"}
+    assert "hf_secret_value_9" not in json.dumps(ranks) + text
+    assert f"r1@{WORKER_IP}[GLOO_SOCKET_IFNAME=head-gloo0(driver) NCCL_SOCKET_IFNAME=" \
+           f"{WORKER_NCCL_IF}(node)" in text
+
+
+def test_non_carry_over_file_excludes_names(cluster, logs, tmp_path):
+    root = tmp_path / "vllm-config"
+    root.mkdir()
+    (root / "ray_non_carry_over_env_vars.json").write_text(
+        json.dumps(["NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "HF_TOKEN",
+                    "VLLM_API_KEY"]))
+    ranks, _ = ranks_of(cluster, logs, {**DRIVER_ENV, "VLLM_CONFIG_ROOT": str(root)})
+    head, worker = ranks
+    assert "GLOO_SOCKET_IFNAME" not in worker["env"]
+    assert "NCCL_SOCKET_IFNAME" not in head["env"]
+    assert worker["env"]["NCCL_SOCKET_IFNAME"] == {"value": WORKER_NCCL_IF, "source": "node"}
+    for rank in ranks:
+        assert rank["env"]["HF_TOKEN"] == {"present": False}
+        assert rank["env"]["VLLM_API_KEY"] == {"present": False}
+
+
+def test_non_carry_over_file_under_xdg_config_home_and_a_bad_file(cluster, logs, tmp_path):
+    # Default VLLM_CONFIG_ROOT = $XDG_CONFIG_HOME/vllm (vllm/envs.py:705-710, 347-351); a file
+    # that is not JSON excludes nothing, with vLLM's warning (vllm/ray/ray_env.py:24-29).
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "ray_non_carry_over_env_vars.json").write_text("[not json")
+    s = start_serve(cluster, "m", TP2, {**V2, **DRIVER_ENV, "XDG_CONFIG_HOME": str(tmp_path)},
+                    logs)
+    try:
+        s.wait_ready()
+        head, worker = requests.get(f"{s.url}/sim/ranks", timeout=10).json()["ranks"]
+    finally:
+        s.stop()
+    assert worker["env"]["GLOO_SOCKET_IFNAME"]["source"] == "driver"
+    assert worker["env"]["HF_TOKEN"] == {"present": True, "source": "driver"}
+    assert "Failed to parse" in s.output()
+    assert "Using an empty set for non-carry-over env vars." in s.output()
+
+
+def test_a_killed_rank_ends_the_server(cluster, logs):
+    s = start_serve(cluster, "m", TP2, {**V2, "VLLM_HOST_IP": HEAD_IP}, logs)
+    try:
+        s.wait_ready()
+        ranks = rank_lines(s.output())
+        assert [(r, ip) for r, ip, _ in ranks] == [(0, HEAD_IP), (1, WORKER_IP)]
+        killed_at = time.monotonic()
+        os.kill(ranks[1][2], signal.SIGKILL)  # the worker node's rank actor: a lost node
+        # Monitor polls every 5 s, the watchdog every 5 s: the process is gone well within 30 s.
+        rc = s.wait_exit(30)
+        took = time.monotonic() - killed_at
+    finally:
+        s.stop()
+    out = s.output()
+    assert "RayWorkerProc rank=[1] died unexpectedly, shutting down executor." in out
+    assert "EngineCore encountered a fatal error." in out
+    assert "RuntimeError: Executor failed." in out
+    # vLLM 0.33.0 exits 0 here (issue #48966): nothing re-raises after the graceful shutdown.
+    assert rc == 0
+    assert took < 30
