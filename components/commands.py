@@ -79,12 +79,16 @@ SHARED_RAY_DIR = "/tmp/ray"
 # settings would land on a worker that has none (sparkrun#135) and the API key on every rank.
 # The vLLM container writes this list before vLLM starts; each node sets its own fabric keys.
 NON_CARRY_OVER_ENV = ("GLOO_SOCKET_IFNAME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NCCL_IB_HCA",
-                      "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+                      "NCCL_SOCKET_IFNAME", "PYTHONPATH", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
                       "VLLM_API_KEY", "VLLM_CONFIG_ROOT")
-VLLM_CONFIG_ROOT = "/etc/spark-vllm/vllm"
-# The vLLM container's entrypoint: write the list, then become `vllm` (same PID, same signals).
-_VLLM_ENTRY_SH = ('mkdir -p "$VLLM_CONFIG_ROOT" && printf "%s\\n" "$0" '
-                  '> "$VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json" && exec vllm "$@"')
+# vLLM's config root, inside the head's shared /tmp/ray: the vLLM command copies there (docker
+# cp) the non-carry-over list and the API-key middleware (scripts/spark_vllm_auth.py), so they
+# never travel on a command line; the container puts it first on PYTHONPATH and becomes `vllm`
+# (same PID, same signals).
+VLLM_CONFIG_ROOT = f"{SHARED_RAY_DIR}/spark-vllm"
+AUTH_MIDDLEWARE = "spark_vllm_auth.RequireApiKey"
+_VLLM_ENTRY_SH = ('export PYTHONPATH="$VLLM_CONFIG_ROOT${PYTHONPATH:+:$PYTHONPATH}" '
+                  '&& exec vllm "$@"')
 
 
 def container_name(spec: ClusterSpec, role: str) -> str:
@@ -180,6 +184,8 @@ def vllm_serve_args(spec: ClusterSpec) -> list[str]:
         "--distributed-executor-backend", "ray",
         "--host", spec.api_host, "--port", str(spec.port),
         "--served-model-name", spec.served_name,
+        # vLLM's --api-key leaves /invocations open; this closes every route but /health, /ping
+        "--middleware", AUTH_MIDDLEWARE,
         *spec.vllm_args,
     ]
 
@@ -208,8 +214,7 @@ def vllm_run_argv(spec: ClusterSpec) -> list[str]:
              "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}",
              "--env", f"VLLM_CONFIG_ROOT={VLLM_CONFIG_ROOT}"]
     return docker_run_argv(spec, spec.head, VLLM, "sh",
-                           ["-c", _VLLM_ENTRY_SH, json.dumps(list(NON_CARRY_OVER_ENV)),
-                            *vllm_serve_args(spec)], extra=extra)
+                           ["-c", _VLLM_ENTRY_SH, "vllm", *vllm_serve_args(spec)], extra=extra)
 
 
 def _script_text(name: str) -> str:
@@ -274,17 +279,21 @@ def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[st
     ]
 
 
-# In the vLLM command's stdin, this line separates the env-file (one-line `KEY=value`s and
-# comments, so it cannot occur there) from the readiness probe's program that follows it.
+# In the vLLM command's stdin, these lines separate the env-file (one-line `KEY=value`s and
+# comments, so they cannot occur there) from the readiness probe's program and the API-key
+# middleware that follow it.
 PROBE_SEPARATOR = "#--- spark-vllm: vllm_probe.py follows ---"
+AUTH_SEPARATOR = "#--- spark-vllm: spark_vllm_auth.py follows ---"
 PROBE_FILE = ".vllm-probe.py"
+VLLM_FILES_DIR = ".vllm-files"  # what the vLLM command copies into VLLM_CONFIG_ROOT
 
 
 def vllm_stdin(hf_token: str | None, api_key: str | None) -> str:
-    """stdin of the vLLM command: its env-file, then the probe's Python. The probe used to be
-    inlined twice in `create`, and a failed command is quoted whole in Pulumi's error."""
+    """stdin of the vLLM command: its env-file, the probe's Python, the middleware. Programs
+    inlined in `create` would be quoted whole in Pulumi's error when the command fails."""
     return (secret_env_file(VLLM, hf_token, api_key) + PROBE_SEPARATOR + "\n"
-            + _script_text("vllm_probe.py"))
+            + _script_text("vllm_probe.py") + AUTH_SEPARATOR + "\n"
+            + _script_text("spark_vllm_auth.py"))
 
 
 def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
@@ -311,13 +320,16 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         *([f"cat > {shlex.quote(env_file_name(role))}"] if role != VLLM else [
             # stdin = env-file, separator, probe program (vllm_stdin); the probe file lives
             # only while this command runs
-            f"trap 'rm -f {PROBE_FILE} {PROBE_FILE}.in; cd /; rmdir {STATE_DIR_SH}\"$stack\""
+            f"trap 'rm -rf {PROBE_FILE} {VLLM_FILES_DIR}; cd /; rmdir {STATE_DIR_SH}\"$stack\""
             " 2>/dev/null || true' EXIT",
-            f"cat > {PROBE_FILE}.in",
-            f"sed {shlex.quote('/^' + PROBE_SEPARATOR + '$/,$d')} {PROBE_FILE}.in "
-            f"> {shlex.quote(env_file_name(role))}",
-            f"sed {shlex.quote('1,/^' + PROBE_SEPARATOR + '$/d')} {PROBE_FILE}.in > {PROBE_FILE}",
-            f"rm -f {PROBE_FILE}.in",
+            f"rm -rf {VLLM_FILES_DIR}; mkdir {VLLM_FILES_DIR}",
+            # split stdin at the separators: env-file, probe, middleware
+            "awk -v p=" + shlex.quote(PROBE_SEPARATOR) + " -v a=" + shlex.quote(AUTH_SEPARATOR)
+            + f" -v f={shlex.quote(env_file_name(role))} " + shlex.quote(
+                '$0 == p { f = "' + PROBE_FILE + '"; next } $0 == a { f = "' + VLLM_FILES_DIR
+                + '/spark_vllm_auth.py"; next } { print > f }'),
+            f"printf '%s\\n' {shlex.quote(json.dumps(list(NON_CARRY_OVER_ENV)))} "
+            f"> {VLLM_FILES_DIR}/ray_non_carry_over_env_vars.json",
         ]),
         "fail() {",
         '  log "FAILED: $*"',
@@ -336,6 +348,10 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         # readiness test below while Ray's GCS fails to bind: refuse it by name first.
         lines.append(f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
                      f'use on {node.name} by a process outside this stack"; fi')
+    if role == VLLM:
+        head = shlex.quote(container_name(spec, HEAD))
+        lines.append(f"docker cp {VLLM_FILES_DIR}/. {head}:{VLLM_CONFIG_ROOT} >/dev/null "
+                     f'|| fail "cannot copy vLLM\'s config into the Ray head container"')
     lines += [
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",

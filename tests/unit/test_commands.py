@@ -73,37 +73,38 @@ def test_vllm_serve_argv_exact_and_key_free() -> None:
     spec = duo(servedModelName="qwen", port=8001)
     argv = c.vllm_run_argv(spec)
     tail = argv[argv.index("--entrypoint"):]
-    assert tail[:5] == ["--entrypoint", "sh", "img:1", "-c", c._VLLM_ENTRY_SH]
-    assert json.loads(tail[5]) == list(c.NON_CARRY_OVER_ENV)
+    assert tail[:6] == ["--entrypoint", "sh", "img:1", "-c", c._VLLM_ENTRY_SH, "vllm"]
     assert tail[6:] == ["serve", "Qwen/Q",
                         "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
                         "--distributed-executor-backend", "ray", "--host", "0.0.0.0",
-                        "--port", "8001", "--served-model-name", "qwen", "--max-model-len", "32768"]
+                        "--port", "8001", "--served-model-name", "qwen",
+                        "--middleware", "spark_vllm_auth.RequireApiKey",
+                        "--max-model-len", "32768"]
     # a Ray driver on the head: the head's PID namespace (raylet lookup) and /tmp/ray
     assert argv[argv.index("--pid") + 1] == "container:spark-vllm-duo-ray-head"
     assert argv[argv.index("--volumes-from") + 1] == "spark-vllm-duo-ray-head"
     assert "RAY_ADDRESS=192.168.200.12:6379" in argv
     assert "VLLM_RPC_BASE_PATH=/tmp/ray" in argv  # the ipc:// sockets its local ranks share
-    assert not any("api-key" in a or "API_KEY=" in a for a in argv)
+    assert "--api-key" not in argv and not any("API_KEY=" in a for a in argv)
+    assert "VLLM_CONFIG_ROOT=/tmp/ray/spark-vllm" in argv  # the head's shared dir
 
 
-def test_vllm_entrypoint_writes_the_non_carry_over_list_then_becomes_vllm(tmp_path: Path) -> None:
-    """The container's sh writes $VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json (vllm/ray/
-    ray_env.py reads it at import) and execs `vllm` with the serve args unchanged."""
+def test_vllm_entrypoint_puts_its_config_root_on_pythonpath_then_becomes_vllm(
+        tmp_path: Path) -> None:
+    """vLLM imports the middleware from VLLM_CONFIG_ROOT (before the image's own PYTHONPATH)
+    and is exec'd with the serve args unchanged."""
     spec = duo(vllmArgs=["--chat-template", "{{ x }} 'q' $HOME"])
     argv = c.vllm_run_argv(spec)
     after_image = argv[argv.index("img:1") + 1:]
-    (tmp_path / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$$" "$@" > "$OUT"\n')
+    (tmp_path / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$$" "$PYTHONPATH" "$@" > "$OUT"\n')
     (tmp_path / "vllm").chmod(0o755)
     env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "OUT": str(tmp_path / "args"),
-           "VLLM_CONFIG_ROOT": str(tmp_path / "cfg")}
+           "VLLM_CONFIG_ROOT": "/tmp/ray/spark-vllm", "PYTHONPATH": "/opt/image-path"}
     proc = subprocess.Popen(["sh", *after_image], env=env)
     assert proc.wait(timeout=10) == 0
-    written = json.loads((tmp_path / "cfg" / "ray_non_carry_over_env_vars.json").read_text())
-    assert set(written) >= {"VLLM_API_KEY", "HF_TOKEN", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA",
-                            "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"}
-    pid, *args = (tmp_path / "args").read_text().splitlines()
+    pid, pythonpath, *args = (tmp_path / "args").read_text().splitlines()
     assert int(pid) == proc.pid  # exec: vLLM is the container's process, signals reach it
+    assert pythonpath == "/tmp/ray/spark-vllm:/opt/image-path"
     assert args == c.vllm_serve_args(spec)
 
 
@@ -266,6 +267,7 @@ case "$sub" in
   exec) cat > "$FAKE/exec.stdin.$$"; cat "$FAKE/exec.stdin.$$" >> "$FAKE/exec.stdin"
         [ -e "$FAKE/exec-rc" ] && exit "$(cat "$FAKE/exec-rc")"; [ ! -e "$FAKE/exec-fails" ] ;;
   image) echo sha256:feedface ;;
+  cp) rm -rf "$FAKE/copied"; cp -r "$2" "$FAKE/copied" ;;
   inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
   logs) cat "$FAKE/logs" 2>/dev/null || echo "Ray runtime started." ;;
   rm) [ -e "$FAKE/rm-fails" ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
@@ -383,6 +385,12 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
     probe = c._script_text("vllm_probe.py")
     # one `docker exec` waits for the whole load and sends the smoke request
     assert (tmp_path / "exec.stdin").read_text() == probe
+    # the middleware and the non-carry-over list went to the head's shared dir, not argv
+    copied = tmp_path / "copied"
+    assert (copied / "spark_vllm_auth.py").read_text() == c._script_text("spark_vllm_auth.py")
+    assert json.loads((copied / "ray_non_carry_over_env_vars.json").read_text()) == list(
+        c.NON_CARRY_OVER_ENV)
+    assert out["cp"][-1] == "spark-vllm-duo-ray-head:/tmp/ray/spark-vllm"
     assert out["exec"][-3:] == ["wait", str(spec.vllm_timeout), "smoke"]
     assert "ready: spark-vllm-duo-vllm" in out["_stderr"][0]
 
@@ -494,6 +502,61 @@ def test_gate_checks_gpus_and_versions() -> None:
     # two vLLM releases under one image name: the seeds' "mixing files from two vLLM versions"
     mixed = [same[0], '{"node": "b", "ray": "2.60.0", "python": "3.11.2", "vllm": "0.17.1"}']
     assert "a: ray 2.60.0, python 3.11.2, vllm 0.33.0" in gate.version_problem(mixed)
+
+
+# --- the API-key middleware vLLM loads (scripts/spark_vllm_auth.py) --------------------------
+
+def _asgi_status(path: str, key: str | None, auth: str | None, method: str = "POST") -> int:
+    """Status the middleware answers for one request, in front of an app that answers 200."""
+    import asyncio
+
+    spec = importlib.util.spec_from_file_location(
+        "spark_vllm_auth", ROOT / "components" / "scripts" / "spark_vllm_auth.py")
+    mod = importlib.util.module_from_spec(spec)
+    old = os.environ.pop("VLLM_API_KEY", None)
+    if key is not None:
+        os.environ["VLLM_API_KEY"] = key
+    try:
+        spec.loader.exec_module(mod)
+
+        async def app(scope, receive, send):
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+        sent: list[dict] = []
+
+        async def send(msg: dict) -> None:
+            sent.append(msg)
+
+        async def receive() -> dict:
+            return {"type": "http.request", "body": b""}
+
+        headers = [(b"authorization", auth.encode())] if auth is not None else []
+        scope = {"type": "http", "path": path, "method": method, "headers": headers}
+        loop = asyncio.new_event_loop()  # not asyncio.run: Pulumi's mocks keep the main loop
+        try:
+            loop.run_until_complete(mod.RequireApiKey(app)(scope, receive, send))
+        finally:
+            loop.close()
+        return int(sent[0]["status"])
+    finally:
+        os.environ.pop("VLLM_API_KEY", None)
+        if old is not None:
+            os.environ["VLLM_API_KEY"] = old
+
+
+@pytest.mark.parametrize("path", ["/invocations", "/v1/chat/completions", "/metrics", "/tokenize"])
+def test_with_a_key_every_route_but_health_needs_it(path: str) -> None:
+    assert _asgi_status(path, "sk-1", None) == 401
+    assert _asgi_status(path, "sk-1", "Bearer sk-2") == 401
+    assert _asgi_status(path, "sk-1", "sk-1") == 401  # the scheme is part of it, as in vLLM
+    assert _asgi_status(path, "sk-1", "Bearer sk-1") == 200
+
+
+def test_health_stays_open_and_no_key_means_no_check() -> None:
+    assert _asgi_status("/health", "sk-1", None, method="GET") == 200
+    assert _asgi_status("/ping", "sk-1", None, method="GET") == 200
+    assert _asgi_status("/invocations", None, None) == 200  # no apiKey: vLLM's own behaviour
 
 
 # --- the vLLM readiness probe, against a local HTTP server -----------------------------------
