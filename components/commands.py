@@ -77,7 +77,8 @@ SHARED_RAY_DIR = "/tmp/ray"
 # itself (ray_env_utils.get_driver_env_vars, setdefault), minus the names listed in
 # $VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json (vllm/ray/ray_env.py). So a head's fabric
 # settings would land on a worker that has none (sparkrun#135) and the API key on every rank.
-# The vLLM container writes this list before vLLM starts; each node sets its own fabric keys.
+# The vLLM command copies this list into VLLM_CONFIG_ROOT before vLLM starts; each node sets
+# its own fabric keys.
 NON_CARRY_OVER_ENV = ("GLOO_SOCKET_IFNAME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NCCL_IB_HCA",
                       "NCCL_SOCKET_IFNAME", "PYTHONPATH", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
                       "VLLM_API_KEY", "VLLM_CONFIG_ROOT")
@@ -318,8 +319,8 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         f"name={shlex.quote(container_name(spec, role))}",
         f"umask 077; mkdir -p {STATE_DIR_SH}\"$stack\"; cd {STATE_DIR_SH}\"$stack\"",
         *([f"cat > {shlex.quote(env_file_name(role))}"] if role != VLLM else [
-            # stdin = env-file, separator, probe program (vllm_stdin); the probe file lives
-            # only while this command runs
+            # stdin = env-file, probe, middleware (vllm_stdin); the probe and the files for
+            # VLLM_CONFIG_ROOT live only while this command runs
             f"trap 'rm -rf {PROBE_FILE} {VLLM_FILES_DIR}; cd /; rmdir {STATE_DIR_SH}\"$stack\""
             " 2>/dev/null || true' EXIT",
             f"rm -rf {VLLM_FILES_DIR}; mkdir {VLLM_FILES_DIR}",

@@ -101,6 +101,38 @@ def test_1_fresh_up(lab2: Lab) -> None:
     print(f"fresh up: {run.seconds:.1f} s")
 
 
+def http_status(url: str, key: str | None = None, body: dict | None = None) -> int:
+    import json
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers),
+                                    timeout=30) as resp:
+            return int(resp.status)
+    except urllib.error.HTTPError as err:
+        return int(err.code)
+
+
+def test_1b_the_api_key_guards_every_inference_route(lab2: Lab) -> None:
+    """vLLM's --api-key leaves /invocations open (it serves inference with no key); with
+    apiKey set the deployment answers 401 there too, and on /v1, without or with a wrong key."""
+    out = lab2.outputs()
+    base = out["endpoint"].removesuffix("/v1")
+    chat = {"model": out["servedModelName"], "max_tokens": 4,
+            "messages": [{"role": "user", "content": "hi"}]}
+    for path, body in (("/invocations", chat), ("/v1/chat/completions", chat),
+                       ("/v1/models", None)):
+        assert http_status(base + path, None, body) == 401, path
+        assert http_status(base + path, "sk-wrong", body) == 401, path
+        assert http_status(base + path, API_KEY, body) == 200, path
+    assert http_status(base + "/health") == 200
+
+
 def test_2_noop_up_runs_nothing(lab2: Lab) -> None:
     before = containers(NODES)
     since = time.time()
