@@ -170,3 +170,24 @@ def test_a_killed_rank_ends_the_server(cluster, logs):
     # vLLM 0.33.0 exits 0 here (issue #48966): nothing re-raises after the graceful shutdown.
     assert rc == 0
     assert took < 30
+
+
+def test_waiting_line_now_means_the_gpus_are_busy(cluster, logs):
+    # One GPU held by a running engine; TP=2 asks for two: the same waiting line and error as
+    # legacy (ray_utils.py:201-263), specs without a pin, no "Current node has no GPU".
+    holder = start_serve(cluster, "m", ["-tp", "1", "--distributed-executor-backend", "ray"],
+                         dict(V2), logs)
+    try:
+        holder.wait_ready()
+        s = start_serve(cluster, "m", TP2, {**V2, "VLLM_SIM_PG_WAIT_TIMEOUT": "11"}, logs)
+        try:
+            assert s.wait_exit(60) == 1
+        finally:
+            s.stop()
+    finally:
+        holder.stop()
+    out = s.output()
+    assert ("Waiting for creating a placement group of specs for 10 seconds. "
+            "specs=[{'GPU': 1.0}, {'GPU': 1.0}]. Check `ray status`") in out
+    assert "Cannot provide a placement group requiring 2.0 GPUs" in out
+    assert "Current node has no GPU" not in out
