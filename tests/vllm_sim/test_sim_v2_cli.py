@@ -189,3 +189,37 @@ def test_committed_flag_table_is_what_the_source_gives():
                           capture_output=True, text=True, timeout=300, check=True)
     committed = (Path(vllm_sim.__file__).parent / "serve_flags_0_33_0.txt").read_text()
     assert done.stdout == committed
+
+
+# --- --middleware, as the program uses it (components/scripts/spark_vllm_auth.py) ------------
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
+
+
+@pytest.mark.parametrize("mode", [V2, LEGACY], ids=["0.33.0", "0.17.1"])
+def test_middleware_is_imported_and_wraps_every_route(mode, tmp_path):
+    """vLLM imports `--middleware MODULE.NAME` and adds a class with app.add_middleware
+    (serve/middleware/register.py:66-74): the program's key check then covers /invocations."""
+    env = {**mode, "VLLM_API_KEY": API_KEY, "PYTHONPATH": str(SCRIPTS)}
+    s = start_serve(None, "m", ["--middleware", "spark_vllm_auth.RequireApiKey"], env, tmp_path)
+    try:
+        s.wait_ready()
+        chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+        paths = ["/v1/chat/completions"] + (["/invocations"] if mode is V2 else [])
+        for path in paths:
+            assert requests.post(s.url + path, json=chat, timeout=10).status_code == 401, path
+            ok = requests.post(s.url + path, json=chat, timeout=10,
+                               headers={"Authorization": f"Bearer {API_KEY}"})
+            assert ok.status_code == 200, path
+        assert requests.get(s.url + "/health", timeout=10).status_code == 200
+    finally:
+        s.stop()
+
+
+def test_a_middleware_that_cannot_be_imported_ends_the_server(tmp_path):
+    s = start_serve(None, "m", ["--middleware", "no_such_module.Thing"], dict(V2), tmp_path)
+    try:
+        assert s.wait_exit(30) != 0
+        assert "No module named 'no_such_module'" in s.output()
+    finally:
+        s.stop()

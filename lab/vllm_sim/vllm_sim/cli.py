@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", nargs="+", default=None)
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
+    # vLLM has had --middleware (append) since 0.4; the lab's program uses it in both modes
+    serve.add_argument("--middleware", action="append", default=[])
     return parser
 
 
@@ -208,6 +210,25 @@ def _max_model_len(value: Any) -> int | None:
     return int(float(m.group(1)) * mult)
 
 
+def add_user_middleware(app: Any, paths: list[str]) -> None:
+    """`--middleware MODULE.NAME`, as vLLM applies it after its own middleware
+    (vllm/entrypoints/serve/middleware/register.py:66-74, 0.33.0): a class is added with
+    `app.add_middleware`, a coroutine function as an "http" middleware, anything else is a
+    ValueError; an import error ends the server as it does vLLM's."""
+    import importlib
+    import inspect
+
+    for middleware in paths:
+        module_path, object_name = middleware.rsplit(".", 1)
+        imported = getattr(importlib.import_module(module_path), object_name)
+        if inspect.isclass(imported):
+            app.add_middleware(imported)
+        elif inspect.iscoroutinefunction(imported):
+            app.middleware("http")(imported)
+        else:
+            raise ValueError(f"Invalid middleware {middleware}. Must be a function or a class.")
+
+
 def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, v2) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
@@ -227,6 +248,7 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
         check_health=executor.check_health if executor else (lambda: True),
     )
     app = build_app(state)
+    add_user_middleware(app, args.middleware or [])
     shown_host = args.host or "0.0.0.0"
     logger.info("Starting vLLM API server 0 on http://%s:%d", shown_host, args.port)
     logger.info("Available routes are:")

@@ -73,6 +73,8 @@ def add_serve_arguments(serve: argparse.ArgumentParser) -> None:
                 kwargs["choices"] = _BACKENDS
             if dest == "served_model_name":
                 kwargs["nargs"] = "+"
+            if dest == "middleware":  # vllm/entrypoints/common/cli_args.py:407-411
+                kwargs.update(action="append", default=[])
             serve.add_argument(*opts, **kwargs)
 
 
