@@ -30,6 +30,9 @@ class UpOptions:
     tp: int | None = None  # default: one rank per node
     pp: int = 1
     quiet: bool = False
+    # the vLLM release the simulator plays (lab/vllm_sim/README.md); another than the default
+    # is served by its own image tag (images.inner_image_tag)
+    sim_vllm_version: str = config.SIM_VLLM_VERSION
 
 
 @dataclass
@@ -139,8 +142,8 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
         ensure_host(p)
     with p.step("images"):
         node_image = images.ensure_node_image(p)
-        images.ensure_inner_image(p)
-        inner_id = images.image_id(config.INNER_IMAGE)
+        inner = images.ensure_inner_image(p, vllm_version=opts.sim_vllm_version)
+        inner_id = images.image_id(inner)
     with p.step("networks"):
         ensure_network(config.MGMT_NET, opts.mgmt_subnet, internal=False)
         ensure_network(config.FABRIC_NET, opts.fabric_subnet, internal=True)
@@ -158,14 +161,14 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
             if action != "running":
                 p.say(f"  {n.name}: {action} (mgmt {n.mgmt_ip}, fabric {n.fabric_ip} +{n.spare_ip})")
     with p.step("wait for ssh + inner dockerd"):
-        ids = nodes.wait_ready(want, p)
+        ids = nodes.wait_ready(want, p, image=inner)
     stale = [n for n in want if ids.get(n.name) != inner_id]
     if stale:
-        with p.step(f"load {config.INNER_IMAGE} into {', '.join(n.name for n in stale)}"):
-            nodes.load_inner_image(stale)
+        with p.step(f"load {inner} into {', '.join(n.name for n in stale)}"):
+            nodes.load_inner_image(stale, inner)
     with p.step("stack file"):
         tp = opts.tp if opts.tp is not None else opts.nodes
-        path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp)
+        path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp, image=inner)
     p.say(f"lab up: {opts.nodes} node(s) in {p.elapsed():.1f}s; stack file {path.relative_to(config.REPO_DIR)}")
     return LabInfo(want, opts.mgmt_subnet, opts.fabric_subnet, opts.stack, dict(p.timings))
 

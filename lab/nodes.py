@@ -97,10 +97,10 @@ def start_node(n: NodeAddrs, image: str) -> str:
     return "running"
 
 
-def ready_probe(n: NodeAddrs) -> tuple[bool, str | None]:
-    """(node ready, id of the inner image on it) over one SSH round trip."""
+def ready_probe(n: NodeAddrs, image: str = config.INNER_IMAGE) -> tuple[bool, str | None]:
+    """(node ready, id of the inner image `image` on it) over one SSH round trip."""
     script = ("test -f /run/lab-node-ready || exit 3; "
-              f"docker image inspect -f '{{{{.Id}}}}' {config.INNER_IMAGE} 2>/dev/null || true")
+              f"docker image inspect -f '{{{{.Id}}}}' {image} 2>/dev/null || true")
     proc = run(keys.ssh_argv(n.mgmt_ip, script, connect_timeout=2), check=False, timeout=15)
     if proc.returncode != 0:
         return False, None
@@ -109,7 +109,8 @@ def ready_probe(n: NodeAddrs) -> tuple[bool, str | None]:
 
 
 def wait_ready(nodes: list[NodeAddrs], progress: Progress,
-               timeout_s: float = config.SSH_READY_TIMEOUT_S) -> dict[str, str | None]:
+               timeout_s: float = config.SSH_READY_TIMEOUT_S,
+               image: str = config.INNER_IMAGE) -> dict[str, str | None]:
     """Wait until every node answers SSH with sshd and dockerd up; returns inner image ids."""
     t0 = time.monotonic()
     pending = {n.name: n for n in nodes}
@@ -117,7 +118,7 @@ def wait_ready(nodes: list[NodeAddrs], progress: Progress,
     last_report = 0.0
     while pending:
         for name, n in list(pending.items()):
-            ok, img = ready_probe(n)
+            ok, img = ready_probe(n, image)
             if ok:
                 ids[name] = img
                 del pending[name]
@@ -136,26 +137,27 @@ def wait_ready(nodes: list[NodeAddrs], progress: Progress,
     return ids
 
 
-def _saved_inner_image() -> Path:
-    """`docker save` of the simulator image, cached by image id (one save per build)."""
-    img = images.image_id(config.INNER_IMAGE)
+def _saved_inner_image(image: str) -> Path:
+    """`docker save` of a simulator image, cached by image id (one save per build)."""
+    img = images.image_id(image)
     if img is None:
-        raise LabError(f"{config.INNER_IMAGE} is not built")
+        raise LabError(f"{image} is not built")
     cache = config.cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
     path = cache / f"spark-vllm-sim-{img.split(':')[1][:12]}.tar"
     if not path.exists():
         for old in cache.glob("spark-vllm-sim-*.tar"):
-            old.unlink()
+            if old.stat().st_mtime < time.time() - 3600:  # keep the other variant's save
+                old.unlink()
         tmp = path.with_suffix(".tmp")
         with tmp.open("wb") as fh:
-            subprocess.run(["docker", "save", config.INNER_IMAGE], stdout=fh, check=True,
+            subprocess.run(["docker", "save", image], stdout=fh, check=True,
                            env=DOCKER_ENV, timeout=600)
         tmp.replace(path)
     return path
 
 
-def load_inner_image(nodes: list[NodeAddrs]) -> None:
+def load_inner_image(nodes: list[NodeAddrs], image: str = config.INNER_IMAGE) -> None:
     """`docker save | ssh root@NODE docker load`, as an operator would ship an image.
 
     The time goes into each node's dockerd unpacking the layers (≈15 s for one node, about
@@ -164,7 +166,7 @@ def load_inner_image(nodes: list[NodeAddrs]) -> None:
     per image id) and the nodes load from it in parallel."""
     if not nodes:
         return
-    tar = _saved_inner_image()
+    tar = _saved_inner_image(image)
     procs = {}
     for n in nodes:
         with tar.open("rb") as fh:
@@ -177,7 +179,7 @@ def load_inner_image(nodes: list[NodeAddrs]) -> None:
         if proc.returncode != 0:
             errors.append(f"{name}: exit {proc.returncode} {err.decode(errors='replace').strip()}")
     if errors:
-        raise LabError(f"loading {config.INNER_IMAGE} failed: " + "; ".join(errors))
+        raise LabError(f"loading {image} failed: " + "; ".join(errors))
     # The previous simulator image (now untagged) would pile up in the nodes' volumes.
     for n in nodes:
         run(keys.ssh_argv(n.mgmt_ip, ["docker", "image", "prune", "-f"]), check=False, timeout=60)

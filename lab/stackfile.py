@@ -32,7 +32,7 @@ def _existing(path: Path) -> dict[str, Any]:
 
 
 def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp: int,
-           previous: dict[str, Any] | None = None) -> str:
+           previous: dict[str, Any] | None = None, image: str = config.INNER_IMAGE) -> str:
     """The stack file text. `previous` is the old file's data (secrets and salt kept)."""
     previous = previous or {}
     cfg: dict[str, Any] = {
@@ -49,7 +49,7 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
             }
             for n in nodes
         ],
-        f"{NS}:image": config.INNER_IMAGE,
+        f"{NS}:image": image,
         f"{NS}:imagePull": "never",
         f"{NS}:model": MODEL,
         f"{NS}:tensorParallelSize": tp,
@@ -74,9 +74,10 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
     return HEADER + body
 
 
-def write(stack: str, nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp: int) -> Path:
+def write(stack: str, nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp: int,
+          image: str = config.INNER_IMAGE) -> Path:
     path = config.stack_file(stack)
-    text = render(nodes, host_keys, tp=tp, pp=pp, previous=_existing(path))
+    text = render(nodes, host_keys, tp=tp, pp=pp, previous=_existing(path), image=image)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(".yaml.tmp")
