@@ -25,6 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--stack", default=config.DEFAULT_STACK, help="stack name (default %(default)s)")
     up.add_argument("--tp", type=int, default=None, help="tensorParallelSize (default: --nodes)")
     up.add_argument("--pp", type=int, default=1, help="pipelineParallelSize (default %(default)s)")
+    up.add_argument("--sim-vllm-version", default=config.SIM_VLLM_VERSION,
+                    choices=[config.SIM_VLLM_VERSION, config.LEGACY_SIM_VLLM_VERSION],
+                    help="the vLLM release vllm-sim plays (default %(default)s)")
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
     down = sub.add_parser("down", help="remove every lab container, network and volume")
@@ -66,6 +69,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         cluster.up(cluster.UpOptions(
             nodes=args.nodes, mgmt_subnet=args.mgmt_subnet, fabric_subnet=args.fabric_subnet,
             stack=args.stack, tp=args.tp, pp=args.pp, quiet=args.quiet,
+            sim_vllm_version=args.sim_vllm_version,
         ))
         for line in cluster.status():
             print(line)
