@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from lab import cluster
+from lab import cluster, config
 from tests.integration.engine import Lab
 
 pytestmark = pytest.mark.integration
@@ -31,8 +31,10 @@ def lab_removed_at_the_end() -> Iterator[None]:
     cluster.down(quiet=True)  # every lab container, network and volume, whatever happened
 
 
-def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20) -> Lab:
-    cluster.up(cluster.UpOptions(nodes=nodes, tp=tp, pp=pp, quiet=True))
+def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20,
+              sim_vllm_version: str = config.SIM_VLLM_VERSION) -> Lab:
+    cluster.up(cluster.UpOptions(nodes=nodes, tp=tp, pp=pp, quiet=True,
+                                 sim_vllm_version=sim_vllm_version))
     lab = Lab()
     lab.set_secrets(API_KEY)
     lab.set("rayTimeout", ray_timeout)
@@ -45,6 +47,17 @@ def lab2() -> Iterator[Lab]:
     lab = None
     try:
         lab = start_lab(2)
+        yield lab
+    finally:
+        _teardown(lab)
+
+
+@pytest.fixture(scope="module")
+def lab2_legacy() -> Iterator[Lab]:
+    """Two nodes whose simulator plays vLLM 0.17.1 (the seed image's legacy Ray executor)."""
+    lab = None
+    try:
+        lab = start_lab(2, sim_vllm_version=config.LEGACY_SIM_VLLM_VERSION)
         yield lab
     finally:
         _teardown(lab)

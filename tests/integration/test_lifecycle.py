@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lab import cluster
+from lab import cluster, config
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import (
     STACK,
@@ -94,7 +94,9 @@ def test_1_fresh_up(lab2: Lab) -> None:
     now = containers(NODES)
     assert sorted((c.node, c.role) for c in now if c.running) == [
         ("node-1", "ray-head"), ("node-1", "vllm"), ("node-2", "ray-worker")]
-    ids = lab2.outputs()["containerIds"]
+    out = lab2.outputs()
+    assert {p["vllm"] for p in out["preflight"].values()} == {config.SIM_VLLM_VERSION}
+    ids = out["containerIds"]
     assert {c.id for c in now} == set(ids.values())
     # the real plugins are what ran: nothing the engine loads comes from $PATH (stand-ins did)
     assert not [line for line in run.output if "from $PATH" in line], run.output

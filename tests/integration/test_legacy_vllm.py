@@ -1,0 +1,64 @@
+"""The same program on a lab whose simulator plays vLLM 0.17.1 (the seed image's legacy Ray
+executor: placement group pinned with `node:<VLLM_HOST_IP>`): fresh up, env change in order,
+vLLM-only change, and a worker that cannot reach the head. The other modules run the default
+image, which plays vLLM 0.33.0 (RayExecutorV2)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from lab import cluster, config
+from tests.integration.engine import Lab, containers
+from tests.integration.test_lifecycle import (
+    CHAIN,
+    NODES,
+    RAY_ROLES,
+    assert_ordered_replacement,
+    assert_serving,
+    lab_identities,
+    ok,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def test_l1_legacy_fresh_up_serves_and_names_its_vllm(lab2_legacy: Lab) -> None:
+    ok(lab2_legacy.up())
+    assert_serving(lab2_legacy, lab_identities())
+    versions = {p["vllm"] for p in lab2_legacy.outputs()["preflight"].values()}
+    assert versions == {config.LEGACY_SIM_VLLM_VERSION}
+
+
+def test_l2_legacy_env_change_replaces_the_chain_in_order(lab2_legacy: Lab) -> None:
+    lab2_legacy.set("env", {"NCCL_DEBUG": "INFO"})
+    before = containers(NODES)
+    since = time.time()
+    run = ok(lab2_legacy.up())
+    assert_ordered_replacement(run, before, since, time.time(), CHAIN)
+    assert_serving(lab2_legacy, lab_identities())
+
+
+def test_l3_legacy_vllm_only_change_keeps_ray(lab2_legacy: Lab) -> None:
+    lab2_legacy.set("vllmArgs", ["--max-model-len", "4096"])
+    before = containers(NODES)
+    run = ok(lab2_legacy.up())
+    assert set(run.changed()) == {"vllm-serve"}
+    ray = {c.id: c.started for c in containers(NODES) if c.role in RAY_ROLES}
+    assert ray == {c.id: c.started for c in before if c.role in RAY_ROLES}
+
+
+def test_l4_legacy_worker_that_cannot_reach_the_head_fails_fast(lab2_legacy: Lab) -> None:
+    ok(lab2_legacy.destroy())
+    cluster.block_fabric("node-1", "node-2")
+    try:
+        run = lab2_legacy.up()
+        assert run.error is not None and "cannot reach the Ray head node-1" in run.error
+        worker = [s for s in run.steps if s.name == "ray-worker-node-2"]
+        took = max(s.t for s in worker if s.phase == "failed") - min(
+            s.t for s in worker if s.phase == "pre")
+        assert took < 15, f"worker took {took:.1f} s to fail"
+        assert containers(["node-2"]) == []
+    finally:
+        cluster.unblock_fabric("node-1", "node-2")
