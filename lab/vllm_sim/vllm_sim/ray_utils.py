@@ -76,20 +76,7 @@ def initialize_ray_cluster(parallel_config: ParallelConfig) -> PlacementGroup:
             parallel_config.pipeline_parallel_size,
         )
 
-    if ray.is_initialized():
-        logger.info("Ray is already initialized. Skipping Ray initialization.")
-    else:
-        connect_ray()
-
-    logger.info("No current placement group found. Creating a new placement group.")
-    num_devices_in_cluster = ray.cluster_resources().get(DEVICE_STR, 0)
-    if parallel_config.world_size > num_devices_in_cluster:
-        logger.warning(
-            "The number of required %ss exceeds the total "
-            "number of available %ss in the placement group.",
-            DEVICE_STR,
-            DEVICE_STR,
-        )
+    _connect_and_count_devices(parallel_config)
     placement_group_specs: list[dict[str, float]] = [
         {DEVICE_STR: 1.0} for _ in range(parallel_config.world_size)
     ]
@@ -201,23 +188,7 @@ def _verify_bundles(placement_group: PlacementGroup, parallel_config: ParallelCo
             "GPUs in a node `{driver_node_id}` before starting an vLLM engine."
         )
 
-    for node_id, node_bundles in node_id_to_bundle.items():
-        if len(node_bundles) < parallel_config.tensor_parallel_size:
-            logger.warning(
-                "tensor_parallel_size=%d "
-                "is bigger than a reserved number of %ss (%d "
-                "%ss) in a node %s. Tensor parallel workers can be "
-                "spread out to 2+ nodes which can degrade the performance "
-                "unless you have fast interconnect across nodes, like "
-                "Infiniband. To resolve this issue, make sure you have more "
-                "than %d GPUs available at each node.",
-                parallel_config.tensor_parallel_size,
-                DEVICE_STR,
-                len(node_bundles),
-                DEVICE_STR,
-                node_id,
-                parallel_config.tensor_parallel_size,
-            )
+    _warn_tp_spread(node_id_to_bundle, parallel_config)
 
 
 def initialize_ray_cluster_v2(parallel_config: ParallelConfig) -> PlacementGroup:
@@ -237,21 +208,8 @@ def initialize_ray_cluster_v2(parallel_config: ParallelConfig) -> PlacementGroup
             LOCAL_GPUS,
             parallel_config.world_size,
         )
-    if ray.is_initialized():
-        logger.info("Ray is already initialized. Skipping Ray initialization.")
-    else:
-        connect_ray()
-
+    _connect_and_count_devices(parallel_config)
     # :357-379: no `node:<ip>` entry, no "Current node has no GPU" check.
-    logger.info("No current placement group found. Creating a new placement group.")
-    num_devices_in_cluster = ray.cluster_resources().get(DEVICE_STR, 0)
-    if parallel_config.world_size > num_devices_in_cluster:
-        logger.warning(
-            "The number of required %ss exceeds the total "
-            "number of available %ss in the placement group.",
-            DEVICE_STR,
-            DEVICE_STR,
-        )
     specs: list[dict[str, float]] = [{DEVICE_STR: 1.0} for _ in range(parallel_config.world_size)]
     current_placement_group = ray.util.placement_group(specs, strategy="PACK")
     _wait_until_pg_ready(current_placement_group)
@@ -265,6 +223,46 @@ def _warn_tp_across_nodes(placement_group: PlacementGroup, parallel_config: Para
     node_id_to_bundle: dict[str, list[dict[str, float]]] = defaultdict(list)
     for bundle_idx, node_id in pg_data["bundles_to_node_id"].items():
         node_id_to_bundle[node_id].append(pg_data["bundles"][bundle_idx])
+    _warn_tp_spread(node_id_to_bundle, parallel_config)
+
+
+def get_bundles_sorted_by_node(placement_group: PlacementGroup) -> list[tuple[int, str, str]]:
+    """vllm/v1/executor/ray_utils.py:141-198: (bundle index, node id, NodeManagerAddress),
+    bundles on the driver's Ray node first, then by node id (a hex string)."""
+    bundle_to_node = placement_group_table(placement_group)["bundles_to_node_id"]
+    node_id_to_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    out: list[tuple[int, str, str]] = []
+    for bundle_idx, bundle in enumerate(placement_group.bundle_specs):
+        if bundle.get(DEVICE_STR):
+            node_id = bundle_to_node.get(bundle_idx)
+            out.append((bundle_idx, node_id, node_id_to_ip[node_id]))
+    driver_node = ray.get_runtime_context().get_node_id()
+    out.sort(key=lambda item: (0 if item[1] == driver_node else 1, item[1]))
+    return out
+
+
+def _connect_and_count_devices(parallel_config: ParallelConfig) -> None:
+    """What both executors do before building their placement group (ray_utils.py of 0.17.1
+    and 0.33.0 alike): join Ray unless joined, then warn when the cluster has too few GPUs."""
+    if ray.is_initialized():
+        logger.info("Ray is already initialized. Skipping Ray initialization.")
+    else:
+        connect_ray()
+
+    logger.info("No current placement group found. Creating a new placement group.")
+    num_devices_in_cluster = ray.cluster_resources().get(DEVICE_STR, 0)
+    if parallel_config.world_size > num_devices_in_cluster:
+        logger.warning(
+            "The number of required %ss exceeds the total "
+            "number of available %ss in the placement group.",
+            DEVICE_STR,
+            DEVICE_STR,
+        )
+
+
+def _warn_tp_spread(node_id_to_bundle: dict[str, list[dict[str, float]]],
+                    parallel_config: ParallelConfig) -> None:
+    """The warning both executors give when TP ranks land on several nodes (ray_utils.py)."""
     for node_id, node_bundles in node_id_to_bundle.items():
         if len(node_bundles) < parallel_config.tensor_parallel_size:
             logger.warning(
@@ -282,18 +280,3 @@ def _warn_tp_across_nodes(placement_group: PlacementGroup, parallel_config: Para
                 node_id,
                 parallel_config.tensor_parallel_size,
             )
-
-
-def get_bundles_sorted_by_node(placement_group: PlacementGroup) -> list[tuple[int, str, str]]:
-    """vllm/v1/executor/ray_utils.py:141-198: (bundle index, node id, NodeManagerAddress),
-    bundles on the driver's Ray node first, then by node id (a hex string)."""
-    bundle_to_node = placement_group_table(placement_group)["bundles_to_node_id"]
-    node_id_to_ip = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
-    out: list[tuple[int, str, str]] = []
-    for bundle_idx, bundle in enumerate(placement_group.bundle_specs):
-        if bundle.get(DEVICE_STR):
-            node_id = bundle_to_node.get(bundle_idx)
-            out.append((bundle_idx, node_id, node_id_to_ip[node_id]))
-    driver_node = ray.get_runtime_context().get_node_id()
-    out.sort(key=lambda item: (0 if item[1] == driver_node else 1, item[1]))
-    return out
