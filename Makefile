@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PY    := .venv/bin/python
 NODES ?= 2
 
-.PHONY: help venv tools deps test unit lint demo demo-down bench lab-up lab-down
+.PHONY: help venv tools deps test unit lint demo demo-down bench lab-up lab-down fidelity
 
 help:
 	@echo "make demo       lab up (simulated Spark nodes) + pulumi up + a chat completion"
@@ -55,3 +55,7 @@ lab-up: venv deps
 
 lab-down: venv
 	$(PY) -m lab down
+
+# vllm-sim's flag table against the real vLLM source (downloads the wheel once; not in CI)
+fidelity: venv
+	bash lab/vllm_sim/fidelity.sh
