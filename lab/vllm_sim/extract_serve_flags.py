@@ -94,19 +94,7 @@ def _top_level_union(text: str) -> list[str]:
         return [*_top_level_union(text[9:-1]), "None"]
     if text.startswith("Union[") and text.endswith("]"):
         text = text[6:-1].replace(",", "|") if "[" not in text[6:-1] else text[6:-1]
-    parts, depth, cur = [], 0, ""
-    for ch in text:
-        if ch in "[(":
-            depth += 1
-        elif ch in "])":
-            depth -= 1
-        if ch == "|" and depth == 0:
-            parts.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    parts.append(cur)
-    return [p.strip() for p in parts if p.strip()]
+    return [p.strip() for p in _split_top(text, "|") if p.strip()]
 
 
 def arity_of(annotation: str, index: Index) -> str:
@@ -129,19 +117,24 @@ def arity_of(annotation: str, index: Index) -> str:
 
 
 def _split_args(inner: str) -> list[str]:
+    return [p for p in _split_top(inner, ",") if p.strip()]
+
+
+def _split_top(text: str, sep: str) -> list[str]:
+    """Split `text` at `sep` outside any brackets (a type expression's own nesting)."""
     parts, depth, cur = [], 0, ""
-    for ch in inner:
+    for ch in text:
         if ch in "[(":
             depth += 1
         elif ch in "])":
             depth -= 1
-        if ch == "," and depth == 0:
+        if ch == sep and depth == 0:
             parts.append(cur)
             cur = ""
         else:
             cur += ch
     parts.append(cur)
-    return [p for p in parts if p.strip()]
+    return parts
 
 
 def _explicit_arity(call: ast.Call) -> str | None:
