@@ -347,6 +347,17 @@ def test_start_head_writes_0600_env_file_prints_id_and_waits_for_its_gcs(tmp_pat
     assert "ready: spark-vllm-duo-ray-head 0123456789ab" in out["_stderr"][0]
 
 
+def test_only_waits_that_match_the_log_read_it() -> None:
+    """The head polls /proc every 0.2 s: reading its log each round would be wasted docker
+    calls; the worker and vLLM waits match their log (join, GCS, placement-group marks)."""
+    spec = duo()
+    read = 'logs=$(docker logs --tail 200 "$name"'
+    assert read not in c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec))
+    assert read in c.start_script(spec, spec.nodes[1], c.WORKER,
+                                  c.worker_run_argv(spec, spec.nodes[1]))
+    assert read in c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+
+
 def test_start_head_refuses_a_ray_port_already_in_use(tmp_path: Path) -> None:
     """A Redis on 6379 would pass the GCS test while Ray's GCS fails to bind: named first."""
     with socket.socket() as other:
