@@ -199,10 +199,13 @@ def head_run_argv(spec: ClusterSpec) -> list[str]:
 
 
 def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
-    # on-failure: a worker whose first join failed (fabric down, head slow) keeps retrying, so
-    # a rerun after the fault is fixed converges without a forced replace.
-    return docker_run_argv(spec, node, WORKER, "ray", ray_worker_args(spec, node),
-                           extra=["--restart", "on-failure"])
+    # No restart policy, here or on any container (invariant 7): a worker that restarts alone
+    # joins as a new Ray node under a vLLM whose ranks died with the old one, and a Ray head
+    # restarted alone does not take its workers back (FIELD-NOTES, Day 2); Docker's policies
+    # have no ordering between containers, and a loop on the GPU can wedge a Spark (eugr#257).
+    # A dead container stays dead and visible: `pulumi up --refresh` replaces it and its
+    # dependents in order.
+    return docker_run_argv(spec, node, WORKER, "ray", ray_worker_args(spec, node))
 
 
 def vllm_run_argv(spec: ClusterSpec) -> list[str]:
@@ -218,7 +221,7 @@ def vllm_run_argv(spec: ClusterSpec) -> list[str]:
                            ["-c", _VLLM_ENTRY_SH, "vllm", *vllm_serve_args(spec)], extra=extra)
 
 
-def _script_text(name: str) -> str:
+def script_text(name: str) -> str:
     return resources.files(__package__).joinpath("scripts", name).read_text()
 
 
@@ -296,15 +299,20 @@ def vllm_stdin(hf_token: str | None, api_key: str | None) -> str:
     """stdin of the vLLM command: its env-file, the probe's Python, the middleware. Programs
     inlined in `create` would be quoted whole in Pulumi's error when the command fails."""
     return (secret_env_file(VLLM, hf_token, api_key) + PROBE_SEPARATOR + "\n"
-            + _script_text("vllm_probe.py") + AUTH_SEPARATOR + "\n"
-            + _script_text("spark_vllm_auth.py"))
+            + script_text("vllm_probe.py") + AUTH_SEPARATOR + "\n"
+            + script_text("spark_vllm_auth.py"))
+
+
+def probe_target(spec: ClusterSpec) -> list[str]:
+    """HOST PORT SERVED_NAME of vllm_probe.py, as seen inside the vLLM container."""
+    host = "127.0.0.1" if spec.api_host in ("0.0.0.0", "::") else spec.api_host
+    return [host, str(spec.port), spec.served_name]
 
 
 def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
     """Run the probe (written by the vLLM command from its stdin) inside the vLLM container."""
-    host = "127.0.0.1" if spec.api_host in ("0.0.0.0", "::") else spec.api_host
     return ('docker exec -i "$name" '
-            + shlex.join(["python3", "-", host, str(spec.port), spec.served_name, mode, *extra])
+            + shlex.join(["python3", "-", *probe_target(spec), mode, *extra])
             + f" < {PROBE_FILE}")
 
 
@@ -507,4 +515,4 @@ def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
 
 def gate_program() -> str:
     """The gate's Python (scripts/ray_gate.py), sent as the gate command's stdin."""
-    return _script_text("ray_gate.py")
+    return script_text("ray_gate.py")

@@ -9,6 +9,7 @@ import pulumi
 from pulumi_command import remote
 
 from . import commands
+from .liveness import ContainerLiveness
 from .spec import ClusterSpec, NodeSpec
 
 
@@ -82,3 +83,17 @@ def env_facts(spec: ClusterSpec, node: NodeSpec) -> list[str]:
     """What a reviewer reads in a diff of a container command (invariant 3)."""
     return [node.host, node.identity_ip, spec.image,
             "env:" + commands.env_hash(commands.node_env(spec, node))]
+
+
+def container_command(
+    name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec, role: str,
+    create: pulumi.Input[str], delete: str, stdin: pulumi.Input[str], triggers: list[Any],
+    depends_on: list[pulumi.Resource], serving: list[str] | None = None,
+) -> remote.Command:
+    """`node_command` for a container, with its refresh-time companion (liveness.py): when a
+    refresh saw the container dead, the companion's new id replaces it (invariant 7)."""
+    live = ContainerLiveness(f"{name}-liveness", node=node,
+                             container=commands.container_name(spec, role),
+                             serving=serving, parent=parent)
+    return node_command(name, parent, node, create=create, delete=delete, stdin=stdin,
+                        triggers=[*triggers, live.id], depends_on=depends_on)

@@ -12,6 +12,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
+from . import commands
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
@@ -92,4 +93,10 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         # per node: docker version, image id, Ray and Python versions in the image
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
         "rayNodes": cluster.node_table,
+        # how to reach each node and what runs there: `python -m components.status` reads it
+        "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
+                   "hostKey": n.host_key or "", "identityIp": n.identity_ip,
+                   "containers": {role: commands.container_name(spec, role) for role in
+                                  ((commands.HEAD, commands.VLLM) if i == 0 else (commands.WORKER,))}}
+                  for i, n in enumerate(spec.nodes)],
     }

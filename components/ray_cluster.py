@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pulumi
 
 from . import commands
-from .node import SparkNode, env_facts, node_command
+from .node import SparkNode, container_command, env_facts, node_command
 from .spec import ClusterSpec
 
 
@@ -37,8 +37,8 @@ class RayCluster(pulumi.ComponentResource):
         preflights: list[pulumi.Resource] = [n.preflight for n in nodes]
         head_node = nodes[0]
 
-        self.head = node_command(
-            f"{name}-head", self, head_node,
+        self.head = container_command(
+            f"{name}-head", self, head_node, spec, commands.HEAD,
             create=commands.start_script(spec, spec.head, commands.HEAD,
                                          commands.head_run_argv(spec)),
             delete=commands.remove_script(spec, spec.head, commands.HEAD),
@@ -47,8 +47,8 @@ class RayCluster(pulumi.ComponentResource):
             depends_on=preflights,
         )
         self.workers = [
-            node_command(
-                f"{name}-worker-{n.node.name}", self, n,
+            container_command(
+                f"{name}-worker-{n.node.name}", self, n, spec, commands.WORKER,
                 create=commands.start_script(spec, n.node, commands.WORKER,
                                              commands.worker_run_argv(spec, n.node)),
                 delete=commands.remove_script(spec, n.node, commands.WORKER),

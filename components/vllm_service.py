@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pulumi
 
 from . import commands
-from .node import SparkNode, env_facts, node_command
+from .node import SparkNode, container_command, env_facts
 from .ray_cluster import RayCluster
 from .spec import ClusterSpec
 
@@ -34,8 +34,8 @@ class VllmService(pulumi.ComponentResource):
         stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
             pulumi.Output.all(args.hf_token, args.api_key).apply(
                 lambda v: commands.vllm_stdin(v[0], v[1])))
-        self.serve = node_command(
-            f"{name}-serve", self, args.head,
+        self.serve = container_command(
+            f"{name}-serve", self, args.head, spec, commands.VLLM,
             create=commands.start_script(spec, spec.head, commands.VLLM,
                                          commands.vllm_run_argv(spec)),
             delete=commands.remove_script(spec, spec.head, commands.VLLM),
@@ -45,6 +45,8 @@ class VllmService(pulumi.ComponentResource):
             triggers=[cluster.gate.id, cluster.head.stdout, *[w.stdout for w in cluster.workers],
                       *env_facts(spec, spec.head), spec.served_name],
             depends_on=[cluster.gate],
+            # refresh asks the server itself, as a client would (vllm#53157)
+            serving=commands.probe_target(spec),
         )
         self.container_id = self.serve.stdout.apply(lambda s: s.strip())
         self.endpoint = pulumi.Output.from_input(f"http://{spec.head.host}:{spec.port}/v1")

@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|ssh|block-fabric|unblock-fabric|info` (stdlib + PyYAML)."""
+"""`python -m lab up|down|status|ssh|reboot|block-fabric|unblock-fabric|info` (stdlib + PyYAML)."""
 
 from __future__ import annotations
 
@@ -40,6 +40,11 @@ def _parser() -> argparse.ArgumentParser:
     ssh = sub.add_parser("ssh", help="ssh to a node with the lab key and pinned host key")
     ssh.add_argument("node", help="node-<i>, <i>, or one of its addresses")
     ssh.add_argument("command", nargs=argparse.REMAINDER, help="remote command (default: login shell)")
+
+    rb = sub.add_parser("reboot", help="reboot nodes (dockerd and every container on them stop)")
+    rb.add_argument("nodes", nargs="+", help="node-<i>, <i>, or one of its addresses")
+    rb.add_argument("--hard", action="store_true", help="a power cut: no graceful shutdown")
+    rb.add_argument("-q", "--quiet", action="store_true")
 
     for name, verb in (("block-fabric", "drop"), ("unblock-fabric", "restore")):
         b = sub.add_parser(name, help=f"{verb} all traffic between two nodes' fabric addresses")
@@ -84,6 +89,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         argv = cluster.ssh_argv(args.node, remote, tty=tty)
         sys.stdout.flush()
         os.execvp(argv[0], argv)
+    elif args.cmd == "reboot":
+        took = cluster.reboot(args.nodes, hard=args.hard, quiet=args.quiet)
+        print(f"{', '.join(args.nodes)}: up again after {took:.1f} s")
     elif args.cmd == "block-fabric":
         cluster.block_fabric(args.node_a, args.node_b)
         print(f"fabric blocked between {args.node_a} and {args.node_b}")

@@ -8,6 +8,7 @@ Library entry points (used by the CLI, integration tests and benchmarks):
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -199,6 +200,30 @@ def _down(keep_volumes: bool, p: Progress) -> dict[str, float]:
             _parallel(["volume", "rm", "-f"], docker("volume", "ls", "-q", "--filter", flt).split())
     p.say(f"lab down in {p.elapsed():.1f}s")
     return dict(p.timings)
+
+
+# A graceful reboot's shutdown budget: the node's dockerd stops its containers (their own
+# stop timeout is Docker's default 10 s) before the node itself is stopped.
+REBOOT_STOP_S = 25
+
+
+def reboot(refs: list[str], hard: bool = False, quiet: bool = False) -> float:
+    """Reboot lab nodes as a Spark reboots: the node's dockerd stops (gracefully, or at once
+    with `hard`: a power cut), every inner container stops and, having no restart policy,
+    stays stopped; the node boots again with its disk (/var/lib/docker) kept, sshd and dockerd
+    come back on the same addresses. Returns seconds until every node answers again."""
+    p = Progress(quiet=quiet)
+    targets = [find_node(r) for r in refs]
+    names = [n.container for n in targets]
+    t0 = time.monotonic()
+    with p.step(f"{'power-cycle' if hard else 'reboot'} {', '.join(n.name for n in targets)}"):
+        if hard:
+            _parallel(["kill"], names)
+            _parallel(["start"], names)
+        else:
+            _parallel(["restart", "--time", str(REBOOT_STOP_S)], names)
+        nodes.wait_ready(targets, p)
+    return time.monotonic() - t0
 
 
 def _parallel(cmd: list[str], items: list[str]) -> None:

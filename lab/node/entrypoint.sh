@@ -13,6 +13,12 @@ log() { echo "lab-node: $*"; }
 
 IFNAME=${LAB_FABRIC_IFNAME:-enp1s0f1np1}
 rm -f /run/lab-node-ready
+# A reboot (`python -m lab reboot`, or any `docker restart` of the node) keeps the node's
+# filesystem, /run included, which a real host's tmpfs /run does not: the previous boot's pid
+# files and containerd state would stop dockerd ("pid file found") or containerd ("timeout").
+# Clear the runtime state as a boot does; /var/lib/docker (containers, images) stays, so the
+# stack's containers are found stopped, as on a rebooted Spark.
+rm -rf /run/docker.pid /run/docker /run/containerd /run/sshd.pid
 
 # 1. Emulated --privileged (LAB-NOTES "Nodes"): docker mounts /sys and the cgroup hierarchies
 #    read-only unless --privileged; the inner dockerd/runc need them writable. The cgroup v1
@@ -65,8 +71,9 @@ dockerd_pid=$!
 
 stop() {
   log "stopping"
+  # dockerd stops the inner containers first (10 s each at most): `lab reboot` allows 25 s
   kill -TERM "$dockerd_pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.1; done
+  for _ in $(seq 1 240); do kill -0 "$dockerd_pid" 2>/dev/null || break; sleep 0.1; done
   [ -f /run/sshd.pid ] && kill "$(cat /run/sshd.pid)" 2>/dev/null || true
   exit 0
 }

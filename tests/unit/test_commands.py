@@ -65,8 +65,15 @@ def test_worker_uses_its_own_identity_and_interfaces_and_joins_the_head() -> Non
     assert not any("enp1s0f1np1" in e or "rocep1s0f1" in e for e in env)  # nothing of the head's
     assert argv[-5:] == ["start", "--address=192.168.200.12:6379",
                          "--node-ip-address=192.168.200.13", "--num-gpus=1", "--block"]
-    assert argv[argv.index("--restart") + 1] == "on-failure"
-    assert "spark-vllm.role=ray-worker" in argv
+
+
+def test_no_container_has_a_restart_policy() -> None:
+    """Docker must not revive a container on its own (invariant 7): a worker back alone joins
+    a Ray cluster whose vLLM ranks died, vLLM looping on the GPU can wedge a Spark."""
+    spec = duo()
+    for argv in (c.head_run_argv(spec), c.worker_run_argv(spec, spec.nodes[1]),
+                 c.vllm_run_argv(spec)):
+        assert not any(a.startswith("--restart") for a in argv), argv
 
 
 def test_vllm_serve_argv_exact_and_key_free() -> None:
@@ -393,12 +400,12 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
     state = tmp_path / ".spark-vllm" / "duo"
     assert (state / "vllm.env").read_text() == c.secret_env_file(c.VLLM, "hf-x", "key-y")
     assert sorted(p.name for p in state.iterdir()) == ["vllm.env"]  # no probe file left
-    probe = c._script_text("vllm_probe.py")
+    probe = c.script_text("vllm_probe.py")
     # one `docker exec` waits for the whole load and sends the smoke request
     assert (tmp_path / "exec.stdin").read_text() == probe
     # the middleware and the non-carry-over list went to the head's shared dir, not argv
     copied = tmp_path / "copied"
-    assert (copied / "spark_vllm_auth.py").read_text() == c._script_text("spark_vllm_auth.py")
+    assert (copied / "spark_vllm_auth.py").read_text() == c.script_text("spark_vllm_auth.py")
     assert json.loads((copied / "ray_non_carry_over_env_vars.json").read_text()) == list(
         c.NON_CARRY_OVER_ENV)
     assert out["cp"][-1] == "spark-vllm-duo-ray-head:/tmp/ray/spark-vllm"
@@ -594,7 +601,7 @@ def serve_vllm_like(ready_after_s: float, served: str = "m"):
 
 def run_probe(port: int, *args: str) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", c._script_text("vllm_probe.py"), "127.0.0.1",
+    done = subprocess.run([sys.executable, "-c", c.script_text("vllm_probe.py"), "127.0.0.1",
                            str(port), "m", *args], capture_output=True, text=True, timeout=30)
     return done, time.monotonic() - start
 

@@ -68,15 +68,16 @@ def test_chain_is_linked_through_trigger_inputs(n: int) -> None:
     workers = [g[f"ray-worker-node-{i}"].urn for i in range(2, n + 1)]
     for i in range(2, n + 1):
         w = g[f"ray-worker-node-{i}"]
-        assert w.property_dependencies["triggers"] == [head]
+        live = g[f"ray-worker-node-{i}-liveness"].urn
+        assert sorted(w.property_dependencies["triggers"]) == sorted([head, live])
         assert w.plain("triggers")[0] == "cid-ray-head\n"  # the head's container id
     assert sorted(g["ray-gate"].property_dependencies["triggers"]) == sorted([head, *workers])
     serve_deps = g["vllm-serve"].property_dependencies["triggers"]
     assert g["ray-gate"].urn in serve_deps and head in serve_deps
     assert set(workers) <= set(serve_deps)
-    # preflights gate the head by ordering only (a preflight rerun must not restart Ray)
-    assert "triggers" not in g["ray-head"].property_dependencies or not \
-        g["ray-head"].property_dependencies["triggers"]
+    # preflights gate the head by ordering only (a preflight rerun must not restart Ray); its
+    # one input-linked dependency is its own liveness companion
+    assert g["ray-head"].property_dependencies["triggers"] == [g["ray-head-liveness"].urn]
     assert {g[f"node-{i}-preflight"].urn for i in range(1, n + 1)} <= set(g["ray-head"].dependencies)
 
 
@@ -199,3 +200,29 @@ def test_secrets_optional() -> None:
     env_part = g["vllm-serve"].plain("stdin").split(c.PROBE_SEPARATOR)[0]
     assert "VLLM_API_KEY" not in env_part and "HF_TOKEN" not in env_part
     assert "HF_TOKEN" not in g["ray-head"].plain("stdin")
+
+
+DYN = "pulumi-python:dynamic:Resource"
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_every_container_and_only_containers_have_a_liveness_companion(n: int) -> None:
+    """A refresh sees a dead container through its companion (invariant 7); the companion's
+    id is in the container command's triggers, so replacing it replaces the container."""
+    g = graph(n)
+    containers = {"ray-head": c.HEAD, "vllm-serve": c.VLLM,
+                  **{f"ray-worker-node-{i}": c.WORKER for i in range(2, n + 1)}}
+    assert sorted(name for name, r in g.items() if r.type == DYN) == sorted(
+        f"{name}-liveness" for name in containers)
+    for name, role in containers.items():
+        live = g[f"{name}-liveness"]
+        assert live.plain("triggers") is None
+        assert g[name].plain("triggers")[-1] == f"{name}-liveness-id"
+        assert live.plain("container") == f"spark-vllm-test-{role}"
+        node = "node-1" if role != c.WORKER else name.removeprefix("ray-worker-")
+        assert live.plain("node") == node
+        assert SECRET_SIG in json.dumps(live.inputs["privateKey"])  # the key stays a secret
+        # only vLLM is asked to serve, as a client would: the probe's HOST PORT NAME
+        assert live.plain("serving") == (["127.0.0.1", "8000", "org/model"]
+                                         if role == c.VLLM else [])
+    assert "ray-gate-liveness" not in g

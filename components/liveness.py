@@ -1,0 +1,125 @@
+"""ContainerLiveness: what `pulumi refresh` learns about a container the stack runs.
+
+pulumi-command's `remote.Command` cannot be read back (pulumi/pulumi-command#432): after a
+reboot or a crash, refresh would keep saying the container runs. Each container command
+therefore has a companion dynamic resource (served by Pulumi's own pulumi-resource-pulumi-
+python) whose `read` looks at the container over SSH and records what it sees in `state`:
+"running", or e.g. "exited (137)", "gone", "running, not serving: …". The container command's
+`triggers` hold the companion's id, so the companion's replacement replaces the container
+and, through the chain's inputs, everything that depends on it (invariant 7):
+
+    refresh:  state "running" => "exited (0)"        (the diff names what died)
+    up:       companion replaced (state is not "running") → container replaced → dependents
+
+Nothing else makes the companion change its id: a change of address, key or spark-vllm's own
+code is an in-place update of the companion, which restarts nothing. Create and update touch
+no node (the container command does the work), so `pulumi preview` needs no SSH.
+"""
+
+from __future__ import annotations
+
+import shlex
+import uuid
+from typing import Any
+
+import pulumi
+from pulumi import dynamic
+
+from . import ssh
+from .commands import script_text
+
+RUNNING = "running"
+# The inputs that say which container; the rest of the inputs say how to reach its node.
+_KEYS = ("node", "host", "port", "user", "privateKey", "hostKey", "container", "serving")
+# The serving check sends one short chat completion (FIELD-NOTES: only a completion proves
+# vLLM serves); bounded so a refresh never hangs on a wedged server.
+SERVING_TIMEOUT_S = 90
+
+
+def _target(props: dict[str, Any]) -> ssh.Target:
+    return ssh.Target(node=props["node"], host=props["host"], port=int(props["port"]),
+                      user=props["user"], private_key=props["privateKey"],
+                      host_key=props.get("hostKey") or None)
+
+
+def inspect_script(container: str, serving: list[str] | None) -> str:
+    """Prints the container's state in one line; exit 3 when docker itself does not answer."""
+    q = shlex.quote(container)
+    lines = [
+        "PATH=\"$PATH:/usr/sbin:/sbin\"",
+        f"if ! out=$(docker inspect --format '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {q} 2>&1); then",
+        '  case "$out" in *"No such"*) echo gone; exit 0 ;; esac',
+        '  echo "docker: $out" >&2; exit 3',
+        "fi",
+        'set -- $out',
+        'if [ "$1" != running ]; then echo "$1 ($2)"; exit 0; fi',
+    ]
+    if serving:
+        # the readiness probe (scripts/vllm_probe.py) on stdin, run inside the container, with
+        # the container's own API key; /health alone can answer while generation is dead
+        probe = shlex.join(["python3", "-", *serving, "ready", "0", "smoke"])
+        lines += [
+            f"if why=$(timeout {SERVING_TIMEOUT_S} docker exec -i {q} {probe} 2>&1 >/dev/null); "
+            "then echo running; else",
+            '  echo "running, not serving: $(echo "$why" | tail -n 1)"',
+            "fi",
+        ]
+    else:
+        lines.append("echo running")
+    return "\n".join(lines) + "\n"
+
+
+def observe(props: dict[str, Any]) -> str:
+    """The container's state as seen now on its node; raises when the node cannot say."""
+    serving = props.get("serving") or None
+    proc = ssh.run(_target(props), inspect_script(props["container"], serving),
+                   stdin=script_text("vllm_probe.py") if serving else "",
+                   timeout=SERVING_TIMEOUT_S + 2 * ssh.CONNECT_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{props['node']}: cannot inspect {props['container']}: "
+                           f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+    return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "gone"
+
+
+class _Provider(dynamic.ResourceProvider):
+    # by reference (components.liveness._Provider): spark-vllm's code is not in the state
+    serialize_as_secret_always = False
+
+    def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
+        # the container does not exist yet: its command, which depends on this, starts it
+        return dynamic.CreateResult(f"{props['container']}@{props['node']}-{uuid.uuid4().hex[:8]}",
+                                    {**props, "state": RUNNING})
+
+    def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
+        if olds.get("state", RUNNING) != RUNNING:
+            return dynamic.DiffResult(changes=True, replaces=["state"],
+                                      delete_before_replace=False)
+        changed = [k for k in _KEYS if olds.get(k) != news.get(k)]
+        return dynamic.DiffResult(changes=bool(changed), replaces=[])
+
+    def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
+        return dynamic.UpdateResult({**news, "state": RUNNING})
+
+    def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
+        return dynamic.ReadResult(id_, {**props, "state": observe(props)})
+
+    def delete(self, _id: str, _props: dict[str, Any]) -> None:
+        return None  # the container command's delete removes the container
+
+
+class ContainerLiveness(dynamic.Resource):
+    """The refresh-time view of one container (see the module docstring)."""
+
+    state: pulumi.Output[str]
+
+    def __init__(self, name: str, *, node: Any, container: str,
+                 serving: list[str] | None, parent: pulumi.Resource) -> None:
+        spec = node.node
+        props = {
+            "node": spec.name, "host": spec.host, "port": spec.port, "user": spec.user,
+            "privateKey": node.connection.private_key, "hostKey": spec.host_key or "",
+            "container": container, "serving": serving or [],
+            "state": RUNNING,  # what should be: a diff after a refresh reads "exited (137)" => "running"
+        }
+        super().__init__(_Provider(), name, props, pulumi.ResourceOptions(
+            parent=parent, additional_secret_outputs=["privateKey"]))
