@@ -13,7 +13,8 @@ from components.spec import DEFAULT_RAY_TIMEOUT_S
 
 TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_change":
           "env change → serving", "vllm_change": "vLLM-arg change → serving",
-          "teardown": "teardown", "join_failure": "worker cannot join → reported"}
+          "worker_reboot": "worker node rebooted → serving", "teardown": "teardown",
+          "join_failure": "worker cannot join → reported"}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -51,7 +52,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "What each step restarted (median over runs; vLLM: runs where it restarted):",
                   "", "| scenario | " + " | ".join(LABELS[c] for c in CONTENDERS) + " |",
                   "|---|" + "---|" * len(CONTENDERS)]
-        for s in ("noop", "env_change", "vllm_change"):
+        for s in ("noop", "env_change", "vllm_change", "worker_reboot"):
             cells = [restart_summary(select(runs, n, c, s)) for c in CONTENDERS]
             if any(x != "–" for x in cells):
                 lines.append(f"| {TITLES[s]} | " + " | ".join(cells) + " |")

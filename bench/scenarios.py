@@ -1,8 +1,10 @@
 """The scenarios, run for one contender on the lab; each returns raw records.
 
 A lifecycle is: clean (untimed) → cold up → no-op re-apply → env change → vLLM-arg change →
-teardown, every step timed to /health 200 (teardown: to its command's exit), with what it
-restarted on the nodes. The join failure runs apart, with node-1 ⟷ node-2 blocked on the fabric
+worker node rebooted → teardown, every step timed to /health 200 (teardown: to its command's
+exit), with what it restarted on the nodes. The reboot itself (`python -m lab reboot`, the
+node's dockerd stopping its containers) is not timed: the step is the contender's repair, from
+the node answering again to serving (spark-vllm: `pulumi up --refresh`, detection included). The join failure runs apart, with node-1 ⟷ node-2 blocked on the fabric
 for its whole duration (always unblocked after, whatever happened).
 """
 
@@ -16,7 +18,7 @@ from bench.common import BenchError, Lab, restarts, running_containers, say, sna
 from bench.contenders import Contender, Outcome
 from lab import cluster
 
-LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "teardown")
+LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "worker_reboot", "teardown")
 JOIN = "join_failure"
 SCENARIOS = (*LIFECYCLE, JOIN)
 ENV_CHANGE_TO = "INFO"  # NCCL_DEBUG: WARN (baseline) → INFO
@@ -65,13 +67,22 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None) -> list
         ("noop", c.reapply),
         ("env_change", lambda: c.set_env(ENV_CHANGE_TO)),
         ("vllm_change", lambda: c.set_vllm_len(VLLM_LEN_TO)),
+        ("worker_reboot", c.repair),
     ]
+    # untimed, before the step: what happens to the cluster
+    faults: dict[str, Callable[[], Any]] = {
+        "worker_reboot": lambda: cluster.reboot([lab.nodes[-1].name], quiet=True)}
     if only == "teardown":
         steps = steps[:1]
     elif only is not None:
         steps = steps[: [name for name, _ in steps].index(only) + 1]
     before = snapshot(lab)
     for scenario, step in steps:
+        if scenario in faults:
+            if len(lab.nodes) < 2:
+                continue
+            faults[scenario]()
+            before = snapshot(lab)  # the rebooted node's containers, stopped
         seconds, out = _to_serving(lab, step)
         after = snapshot(lab)
         changed = None if scenario == "cold_up" else restarts(before, after)

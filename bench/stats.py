@@ -118,6 +118,16 @@ def targets(runs: list[dict[str, Any]], preview: list[dict[str, Any]], join_cap:
             out.append(Target(f"{n} nodes: vLLM-arg-only change restarts no Ray container",
                               f"{ray_started} Ray restarts (max over {len(vl)} runs), "
                               f"{_fmt(m('spark-vllm', 'vllm_change'))} s", ray_started == 0))
+        rb = [r for r in select(runs, n, "spark-vllm", "worker_reboot") if r["ok"]]
+        if rb and sv is not None:
+            med = m("spark-vllm", "worker_reboot")
+            head = sum(any(x.endswith("-ray-head") for x in r["restarts"]["started"])
+                       for r in rb)
+            ratio = med / sv
+            out.append(Target(f"{n} nodes: worker node rebooted → serving ≤ 1.2 × cold up, "
+                              "the head kept",
+                              f"{med:.1f} s vs {sv:.1f} s = {ratio:.2f} ×; head restarted in "
+                              f"{head} of {len(rb)} runs", ratio <= 1.2 and head == 0))
         down, ray_down = m("spark-vllm", "teardown"), m("launcher", "teardown")
         if down is not None and ray_down is not None:
             out.append(Target(f"{n} nodes: teardown no slower than `ray down`",

@@ -72,6 +72,11 @@ class Contender(ABC):
     @abstractmethod
     def clean(self) -> None: ...
 
+    def repair(self) -> Outcome:
+        """After a node rebooted: what this contender's user runs to serve again (by default
+        the contender's re-apply)."""
+        return self.reapply()
+
     def reset(self) -> None:
         """Back to the baseline desired state (config only; nothing runs)."""
         self.state = Baseline()

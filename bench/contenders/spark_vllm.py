@@ -86,9 +86,10 @@ class SparkVllm(Contender):
         self._write_config()
         return self._engine("up", timeout)
 
-    def _engine(self, verb: str, timeout: float = PULUMI_TIMEOUT_S) -> tuple[Result, dict[str, Any]]:
+    def _engine(self, verb: str, timeout: float = PULUMI_TIMEOUT_S,
+                *extra: str) -> tuple[Result, dict[str, Any]]:
         res, lines = profile.run_stamped(
-            ["pulumi", verb, "--yes", "--skip-preview", "--json", "--stack", STACK],
+            ["pulumi", verb, "--yes", "--skip-preview", "--json", "--stack", STACK, *extra],
             timeout=timeout, env=self.env, log=self.log)
         return res, profile.summarize(lines, res.seconds)
 
@@ -112,6 +113,11 @@ class SparkVllm(Contender):
 
     def down(self) -> Outcome:
         return self._outcome("destroy")
+
+    def repair(self) -> Outcome:
+        # README "Day 2": the refresh sees the stopped containers, the update replaces them
+        res, prof = self._engine("up", PULUMI_TIMEOUT_S, "--refresh")
+        return Outcome(res.ok, "" if res.ok else res.tail(), prof)
 
     def join_failure(self, cap_s: float) -> tuple[float | None, Outcome]:
         res, prof = self._up(timeout=cap_s)

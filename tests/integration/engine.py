@@ -56,8 +56,13 @@ def _recorder(run: Run) -> Any:
                          ("failed", ev.res_op_failed_event)):
             if e is not None:
                 md = e.metadata
+                diffs = tuple(md.diffs or ())
+                if md.op.value == "refresh" and md.old and md.new:
+                    # a refresh's event carries no diffs: compare what was read with the state
+                    old, new = md.old.outputs or {}, md.new.outputs or {}
+                    diffs = tuple(sorted(k for k in {*old, *new} if old.get(k) != new.get(k)))
                 run.steps.append(Step(md.op.value, md.urn.split("::")[-1], phase,
-                                      time.monotonic(), tuple(md.diffs or ())))
+                                      time.monotonic(), diffs))
     return on_event
 
 
@@ -115,8 +120,8 @@ class Lab:
     def refresh(self) -> Run:
         return self._run("refresh")
 
-    def preview(self) -> Run:
-        return self._run("preview", diff=True)
+    def preview(self, refresh: bool = False) -> Run:
+        return self._run("preview", diff=True, refresh=refresh)
 
     def destroy(self) -> Run:
         return self._run("destroy")

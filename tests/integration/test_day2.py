@@ -1,0 +1,117 @@
+"""Day 2 on the real engine against a 2-node lab: a container dies or a node reboots, and
+`pulumi preview --refresh` names what is gone, one `pulumi up --refresh` replaces exactly that
+and what depends on it, in order, and the stack serves again. Each scenario asserts which
+containers were recreated (docker's ids), that no container is duplicated or left over, what
+`python -m components.status` says before and after, and that a chat completion works."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import pytest
+
+from lab import cluster
+from tests.integration.engine import REPO, STACK, Lab, containers, engine_env, node_sh
+from tests.integration.test_lifecycle import assert_serving, lab_identities, ok
+
+pytestmark = pytest.mark.integration
+
+NODES = ["node-1", "node-2"]
+HEAD, WORKER, VLLM = ("node-1", "ray-head"), ("node-2", "ray-worker"), ("node-1", "vllm")
+LAYOUT = {HEAD, WORKER, VLLM}
+LIVENESS = {HEAD: "ray-head-liveness", WORKER: "ray-worker-node-2-liveness",
+            VLLM: "vllm-serve-liveness"}
+COMMAND = {HEAD: "ray-head", WORKER: "ray-worker-node-2", VLLM: "vllm-serve"}
+GATE = "ray-gate"
+
+
+def status() -> tuple[int, dict]:
+    proc = subprocess.run([sys.executable, "-m", "components.status", "--stack", STACK, "--json"],
+                          capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **engine_env()}, timeout=120)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def by_role() -> dict[tuple[str, str], str]:
+    """(node, role) -> container id; no duplicate, nothing but the stack's three, all running."""
+    found = containers(NODES)
+    keys = [(c.node, c.role) for c in found]
+    assert sorted(keys) == sorted(LAYOUT), found  # no duplicate, no orphan, none missing
+    assert all(c.running for c in found), found
+    return {(c.node, c.role): c.id for c in found}
+
+
+def kill(node: str, role: str) -> Callable[[], None]:
+    return lambda: node_sh(node, f"docker kill spark-vllm-{STACK}-{role}") and None
+
+
+def reboot(*nodes: str) -> Callable[[], None]:
+    return lambda: cluster.reboot(list(nodes), quiet=True) and None
+
+
+@pytest.fixture(scope="module")
+def served(lab2: Lab) -> Lab:
+    ok(lab2.up())
+    assert_serving(lab2, lab_identities())
+    code, report = status()
+    assert code == 0 and report["serving"], report
+    return lab2
+
+
+@pytest.mark.parametrize(("fault", "dead", "recreated"), [
+    ("kill vLLM", kill(*VLLM), {VLLM}),
+    ("kill the worker container", kill(*WORKER), {WORKER, VLLM}),
+    ("reboot the worker node", reboot("node-2"), {WORKER, VLLM}),
+    ("reboot the head node", reboot("node-1"), {HEAD, VLLM}),
+    ("reboot both nodes", reboot("node-1", "node-2"), LAYOUT),
+], ids=["kill-vllm", "kill-worker", "reboot-worker-node", "reboot-head-node", "reboot-both"])
+def test_refresh_sees_it_and_one_up_repairs_it(served: Lab, fault: str, dead: Callable[[], None],
+                                               recreated: set[tuple[str, str]]) -> None:
+    """`dead`: containers that stop for certain. `recreated`: must be exactly these plus what
+    depends on them: a worker takes vLLM (its ranks) along, the head takes everything."""
+    lab = served
+    before = by_role()
+    dead()
+    t0 = time.monotonic()
+
+    # status names what is down and exits 1
+    code, report = status()
+    assert code == 1 and not report["serving"], report
+    down = {(c["node"], c["role"]) for c in report["containers"] if not c["ok"]}
+    assert down & recreated and down <= recreated, report
+
+    # preview --refresh: the refreshed liveness of each dead container reads state "running" =>
+    # something else, and the plan replaces exactly the chain below it
+    preview = ok(lab.preview(refresh=True))
+    gone = {s.name for s in preview.steps if s.op == "refresh" and "state" in s.diffs}
+    assert gone & {LIVENESS[k] for k in recreated} and gone <= {LIVENESS[k] for k in recreated}, [
+        (s.op, s.name, s.phase, s.diffs) for s in preview.steps]
+    expect = {COMMAND[k] for k in (recreated | {VLLM})}
+    if recreated != {VLLM}:
+        expect |= {GATE}
+    if HEAD in recreated:
+        expect |= {COMMAND[WORKER]}
+    planned = {n for n, op in preview.changed().items() if op != "refresh" and n in
+               {*COMMAND.values(), GATE}}
+    assert planned == expect, preview.changed()
+
+    # one up --refresh: the same replacements, the rest untouched
+    run = ok(lab.up(refresh=True))
+    replaced = {s.name for s in run.steps if s.phase == "done" and s.op == "create-replacement"}
+    assert replaced & {*COMMAND.values(), GATE} == expect, run.ops("done")
+    after = by_role()
+    changed = {k for k in LAYOUT if before[k] != after[k]}
+    want = recreated | ({WORKER} if HEAD in recreated else set())
+    assert changed == want, (fault, changed)
+    assert_serving(lab, lab_identities())
+    code, report = status()
+    assert code == 0 and report["serving"], report
+    print(f"{fault}: serving again {time.monotonic() - t0:.1f} s after the fault "
+          f"(preview --refresh {preview.seconds:.1f} s, up --refresh {run.seconds:.1f} s); "
+          f"recreated {sorted(r for _, r in changed)}")
