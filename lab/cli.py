@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|ssh|reboot|block-fabric|unblock-fabric|info` (stdlib + PyYAML)."""
+"""`python -m lab up|down|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|info` (stdlib + PyYAML)."""
 
 from __future__ import annotations
 
@@ -46,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
     rb.add_argument("--hard", action="store_true", help="a power cut: no graceful shutdown")
     rb.add_argument("-q", "--quiet", action="store_true")
 
+    off = sub.add_parser("power-off", help="shut nodes down and leave them off")
+    off.add_argument("nodes", nargs="+")
+    off.add_argument("--hard", action="store_true", help="pull the plug: no graceful shutdown")
+    on = sub.add_parser("power-on", help="boot nodes that are off; waits for ssh + dockerd")
+    on.add_argument("nodes", nargs="+")
+
     for name, verb in (("block-fabric", "drop"), ("unblock-fabric", "restore")):
         b = sub.add_parser(name, help=f"{verb} all traffic between two nodes' fabric addresses")
         b.add_argument("node_a")
@@ -92,6 +98,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.cmd == "reboot":
         took = cluster.reboot(args.nodes, hard=args.hard, quiet=args.quiet)
         print(f"{', '.join(args.nodes)}: up again after {took:.1f} s")
+    elif args.cmd == "power-off":
+        cluster.power_off(args.nodes, hard=args.hard)
+        print(f"{', '.join(args.nodes)}: off")
+    elif args.cmd == "power-on":
+        cluster.power_on(args.nodes)
+        print(f"{', '.join(args.nodes)}: up")
     elif args.cmd == "block-fabric":
         cluster.block_fabric(args.node_a, args.node_b)
         print(f"fabric blocked between {args.node_a} and {args.node_b}")

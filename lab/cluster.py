@@ -213,17 +213,28 @@ def reboot(refs: list[str], hard: bool = False, quiet: bool = False) -> float:
     stays stopped; the node boots again with its disk (/var/lib/docker) kept, sshd and dockerd
     come back on the same addresses. Returns seconds until every node answers again."""
     p = Progress(quiet=quiet)
-    targets = [find_node(r) for r in refs]
-    names = [n.container for n in targets]
     t0 = time.monotonic()
-    with p.step(f"{'power-cycle' if hard else 'reboot'} {', '.join(n.name for n in targets)}"):
-        if hard:
-            _parallel(["kill"], names)
-            _parallel(["start"], names)
-        else:
-            _parallel(["restart", "--time", str(REBOOT_STOP_S)], names)
-        nodes.wait_ready(targets, p)
+    with p.step(f"{'power-cycle' if hard else 'reboot'} {', '.join(refs)}"):
+        power_off(refs, hard=hard)
+        power_on(refs, p)
     return time.monotonic() - t0
+
+
+def power_off(refs: list[str], hard: bool = False) -> None:
+    """Shut nodes down (gracefully: dockerd stops its containers first) and leave them off:
+    their addresses stop answering, as a Spark that is switched off."""
+    names = [find_node(r).container for r in refs]
+    if hard:
+        _parallel(["kill"], names)
+    else:
+        _parallel(["stop", "--time", str(REBOOT_STOP_S)], names)
+
+
+def power_on(refs: list[str], progress: Progress | None = None) -> None:
+    """Boot nodes that are off; returns once sshd and dockerd answer on each."""
+    targets = [find_node(r) for r in refs]
+    _parallel(["start"], [n.container for n in targets])
+    nodes.wait_ready(targets, progress or Progress(quiet=True))
 
 
 def _parallel(cmd: list[str], items: list[str]) -> None:

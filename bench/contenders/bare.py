@@ -42,13 +42,15 @@ def stack_raw(stack_file: Path) -> dict[str, Any]:
     return raw
 
 
-def _without_env_file(argv: list[str]) -> list[str]:
-    """The bare path has no secrets: drop `--env-file X` (an empty file would do the same)."""
+def _bare_argv(argv: list[str]) -> list[str]:
+    """The bare path has no secrets: drop `--env-file X` (an empty file would do the same) and
+    spark-vllm's API-key middleware (`--middleware X`: its file is copied in by the program's
+    vLLM command, which the bare path does not run; without the copy vLLM cannot start)."""
     out, skip = [], False
     for a in argv:
         if skip:
             skip = False
-        elif a == "--env-file":
+        elif a in ("--env-file", "--middleware"):
             skip = True
         else:
             out.append(a)
@@ -59,7 +61,7 @@ def _run_and_wait(argv: list[str], name: str, timeout: float) -> str:
     """docker run, then wait for Ray's start line in its log: the only wait the floor needs.
     The deadline only keeps an abandoned loop from outliving the bench on the node."""
     mark = shlex.quote(commands.RAY_STARTED_MARK)
-    return (f"{shlex.join(_without_env_file(argv))} >/dev/null && "
+    return (f"{shlex.join(_bare_argv(argv))} >/dev/null && "
             f"end=$(( $(date +%s) + {int(timeout)} )) && "
             f"until docker logs {shlex.quote(name)} 2>&1 | grep -q {mark}; do "
             f'[ "$(date +%s)" -lt "$end" ] || exit 124; '
@@ -114,7 +116,7 @@ class Bare(Contender):
         return None
 
     def _start_vllm(self) -> Result:
-        argv = _without_env_file(commands.vllm_run_argv(self.spec()))
+        argv = _bare_argv(commands.vllm_run_argv(self.spec()))
         return ssh(self.lab.head, f"{shlex.join(argv)} >/dev/null", log=self.log)
 
     def up(self) -> Outcome:

@@ -115,3 +115,62 @@ def test_refresh_sees_it_and_one_up_repairs_it(served: Lab, fault: str, dead: Ca
     print(f"{fault}: serving again {time.monotonic() - t0:.1f} s after the fault "
           f"(preview --refresh {preview.seconds:.1f} s, up --refresh {run.seconds:.1f} s); "
           f"recreated {sorted(r for _, r in changed)}")
+
+
+def test_a_node_switched_off_is_named_and_the_watcher_repairs_once_it_is_back(
+        served: Lab) -> None:
+    """node-2 off: plain `pulumi preview` needs no SSH (PR previews) and plans nothing;
+    `preview --refresh` fails within the SSH bound naming the node and its address, changing
+    nothing; `status --watch` gives up after its one allowed failed repair. Node back on: the
+    watcher repairs on its own, recreating only the worker and vLLM."""
+    lab = served
+    before = by_role()
+    node2 = cluster.find_node("node-2")
+    cluster.power_off(["node-2"])
+    try:
+        plain = ok(lab.preview())
+        assert plain.changed() == {}, plain.changed()
+        t0 = time.monotonic()
+        refreshed = lab.preview(refresh=True)
+        named_after = time.monotonic() - t0
+        assert refreshed.error is not None
+        assert f"node-2 (root@{node2.mgmt_ip}:22)" in refreshed.error, refreshed.error[-2000:]
+        assert named_after < 30, named_after
+        print(f"node-2 off: preview --refresh failed naming it after {named_after:.1f} s")
+        code, report = status()
+        assert code == 1 and "node-2" in report["unreachable"], report
+        watch = subprocess.run(
+            [sys.executable, "-m", "components.status", "--stack", STACK, "--watch",
+             "--interval", "1", "--max-repairs", "1"], capture_output=True, text=True,
+            cwd=REPO, env={**os.environ, **engine_env()}, timeout=300)
+        assert watch.returncode == 1, watch.stdout[-2000:]
+        assert "node-2: unreachable" in watch.stdout and "giving up after 1 failed" in watch.stdout
+    finally:
+        cluster.power_on(["node-2"])
+    # the failed runs changed nothing on node-1
+    assert {k: v for k, v in by_role_loose().items() if k[0] == "node-1"} == {
+        k: v for k, v in before.items() if k[0] == "node-1"}
+
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "components.status", "--stack", STACK, "--watch",
+         "--interval", "2", "--max-repairs", "2"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **engine_env()})
+    try:
+        lines = []
+        assert watcher.stdout is not None
+        for line in watcher.stdout:
+            lines.append(line)
+            if "repaired: serving again" in line or "giving up" in line:
+                break
+        assert any("repaired: serving again" in ln for ln in lines), "".join(lines)[-3000:]
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=30)
+    after = by_role()
+    assert {k for k in LAYOUT if before[k] != after[k]} == {WORKER, VLLM}
+    assert_serving(lab, lab_identities())
+
+
+def by_role_loose() -> dict[tuple[str, str], str]:
+    """(node, role) -> container id of the nodes that answer, whatever their state."""
+    return {(c.node, c.role): c.id for c in containers(["node-1"])}
