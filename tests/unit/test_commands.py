@@ -172,7 +172,6 @@ def test_gate_program_travels_on_stdin_not_in_the_command() -> None:
     spec = duo()
     text = c.gate_script(spec, [])
     assert len(text.splitlines()) <= 6 and "import" not in text
-    assert c.gate_program() == (ROOT / "components" / "scripts" / "ray_gate.py").read_text()
 
 
 def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> None:
@@ -196,18 +195,6 @@ def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> Non
     assert json.loads(third["_stdout"][0]) == summary
     assert (tmp_path / "calls.run").read_bytes().count(b"--entrypoint") == 2
     assert cache.read_text() == "2.60.0 3.11.7 0.33.0\n"
-
-
-def test_preflight_checks_the_fabric_address_of_that_node() -> None:
-    spec = duo(imagePull="never")
-    text = c.preflight_script(spec, spec.nodes[1])
-    assert "/sys/class/net/enP2p1s0f1np1" in text
-    assert 'fabricIp 192.168.200.13 is not on enP2p1s0f1np1; addresses there' in text
-    assert "nvidia-smi -L" in text and "docker pull" not in text
-    assert "docker pull" not in c.preflight_script(duo(imagePull="never", checkGpu=False),
-                                                   spec.head)
-    assert "nvidia-smi" not in c.preflight_script(duo(checkGpu=False), spec.head)
-    assert "docker pull --quiet img:1" in c.preflight_script(duo(imagePull="always"), spec.head)
 
 
 def test_gate_payload_carries_expected_table() -> None:
