@@ -1,10 +1,6 @@
 """spark-vllm: read the stack config, build the components, export the outputs."""
 
-import pulumi
-
-from components.program import deploy, exit_quietly_when_interrupted, read_config_or_exit
+from components.program import exit_quietly_when_interrupted, main
 
 exit_quietly_when_interrupted()
-spec, secrets = read_config_or_exit()
-for key, value in deploy(spec, secrets).items():
-    pulumi.export(key, value)
+main()

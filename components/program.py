@@ -74,6 +74,13 @@ def read_config_or_exit() -> tuple[ClusterSpec, Secrets]:
         raise SystemExit(BAIL_EXIT_CODE) from None
 
 
+def main() -> None:
+    """The program `__main__.py` runs: config, checked whole, then the graph and its outputs."""
+    spec, secrets = read_config_or_exit()
+    for key, value in deploy(spec, secrets).items():
+        pulumi.export(key, value)
+
+
 def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
     """Build the component graph; return the stack outputs."""
     nodes = [

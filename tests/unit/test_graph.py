@@ -4,18 +4,21 @@ env, secrets. Mocks cannot show the engine's ordering; tests/integration does, f
 from __future__ import annotations
 
 import json
+from unittest.mock import patch
 
 import pulumi
 import pytest
 
 from components import commands as c
-from components.program import Secrets
+from components.program import BAIL_EXIT_CODE, Secrets, main
 from tests.unit.harness import (
     API_KEY,
     CMD,
     HF_TOKEN,
     SECRET_SIG,
     SSH_KEY,
+    Mocks,
+    RecordingMonitor,
     Registered,
     lab_nodes,
     run,
@@ -170,29 +173,56 @@ def test_outputs_name_every_node_and_container() -> None:
     assert captured["preflight"]["node-2"] == {"node": "node-2", "image_id": "sha256:node-2"}
 
 
-def test_bad_config_is_refused_before_any_resource() -> None:
-    """read_config raises RunError listing every problem; no command is ever registered."""
-    from tests.unit.harness import Mocks, RecordingMonitor
+GOOD_CONFIG = {
+    "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1"},
+                                    {"name": "b", "host": "10.0.0.2"}]),
+    "spark-vllm:image": "img", "spark-vllm:model": "m", "spark-vllm:tensorParallelSize": "2",
+    "spark-vllm:sshPrivateKey": SSH_KEY,
+}
 
+
+def run_main(config: dict[str, str]) -> tuple[int | None, list[str], RecordingMonitor]:
+    """The program as `__main__.py` runs it, under mocks: (exit code, errors logged, monitor)."""
     mocks = Mocks()
     monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack="bad", preview=True,
+    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack="t", preview=True,
                              monitor=monitor)
-    pulumi.runtime.set_all_config({
-        "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1", "fabricIp": "10.9.0.1"}]),
-        "spark-vllm:image": "img", "spark-vllm:model": "m",
-        "spark-vllm:tensorParallelSize": "2", "spark-vllm:env": json.dumps({"VLLM_HOST_IP": "x"}),
-    }, secret_keys=[])
-    from components.program import read_config
+    pulumi.runtime.set_all_config(config, secret_keys=["spark-vllm:sshPrivateKey"])
+    errors: list[str] = []
+    code = None
+    try:
+        with patch.object(pulumi.log, "error", side_effect=lambda m, *a, **k: errors.append(m)):
+            pulumi.runtime.test(main)()
+    except SystemExit as err:
+        code = int(err.code or 0)
+    finally:
+        pulumi.runtime.set_all_config({}, secret_keys=[])
+    return code, errors, monitor
 
-    with pytest.raises(pulumi.RunError) as err:
-        read_config()
-    msg = str(err.value)
+
+def test_bad_config_is_one_error_and_no_resource() -> None:
+    """Every problem in one error naming the fields, exit 32 ("already reported"), and the
+    program stops before registering anything: no command can reach a node."""
+    bad = {**GOOD_CONFIG,
+           "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1",
+                                            "fabricIp": "10.9.0.1"}]),
+           "spark-vllm:env": json.dumps({"VLLM_HOST_IP": "x"})}
+    del bad["spark-vllm:sshPrivateKey"]
+    code, errors, monitor = run_main(bad)
+    assert code == BAIL_EXIT_CODE
+    assert len(errors) == 1
     for expected in ("sshPrivateKey: required", "nodes[0].fabricInterface: required",
                      "tensorParallelSize: ", "env.VLLM_HOST_IP: set by the program"):
-        assert expected in msg
-    assert [r for r in monitor.requests.values() if r.type == CMD] == []
-    pulumi.runtime.set_all_config({}, secret_keys=[])
+        assert expected in errors[0]
+    assert [r.type for r in monitor.requests.values() if r.type != "pulumi:pulumi:Stack"] == []
+
+
+def test_the_same_program_with_a_good_config_registers_the_graph() -> None:
+    """The counterpart of the test above: the entry point does register resources."""
+    code, errors, monitor = run_main(GOOD_CONFIG)
+    assert (code, errors) == (None, [])
+    assert {"a-preflight", "ray-head", "ray-worker-b", "ray-gate",
+            "vllm-serve"} <= set(monitor.requests)
 
 
 def test_secrets_optional() -> None:
