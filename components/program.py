@@ -12,7 +12,7 @@ from typing import Any
 import pulumi
 from pulumi.runtime import config as runtime_config
 
-from . import commands
+from . import commands, hostkeys
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
@@ -77,6 +77,11 @@ def read_config_or_exit() -> tuple[ClusterSpec, Secrets]:
 def main() -> None:
     """The program `__main__.py` runs: config, checked whole, then the graph and its outputs."""
     spec, secrets = read_config_or_exit()
+    if not pulumi.runtime.is_dry_run():
+        # an update is about to reach the nodes: a wrong pinned key stops it before any command
+        if problems := hostkeys.mismatches(spec):
+            pulumi.log.error("host key mismatch:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise SystemExit(BAIL_EXIT_CODE)
     for key, value in deploy(spec, secrets).items():
         pulumi.export(key, value)
 

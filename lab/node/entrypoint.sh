@@ -61,6 +61,7 @@ fi
 # 3. sshd with the lab's host key and authorized key.
 install -m 0600 /lab/ssh/ssh_host_ed25519_key /etc/ssh/ssh_host_ed25519_key
 install -m 0600 /lab/ssh/authorized_keys /root/.ssh/authorized_keys
+install -m 0600 -o aurora -g aurora /lab/ssh/authorized_keys /home/aurora/.ssh/authorized_keys
 mkdir -p /run/sshd
 /usr/sbin/sshd -E /var/log/sshd.log
 
