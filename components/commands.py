@@ -351,6 +351,11 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         *[f"  {line}" for line in _remove_lines("name", env_file_name(role))],
         "  exit 1",
         "}",
+        # A stopped pulumi run (Ctrl-C twice, a lost connection) leaves this script running on
+        # the node with its session gone: the next write fails (SIGPIPE), or sshd hangs up.
+        # Then remove what this command started, quietly, so nothing runs that the state does
+        # not know of and no probe lingers (the next run starts clean either way).
+        "trap 'exec >/dev/null 2>&1; fail interrupted' HUP INT TERM PIPE",
         # a leftover of the same name would make `docker run` fail with "already exists"
         'docker rm --force --volumes "$name" >/dev/null 2>&1 || true',
     ]

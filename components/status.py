@@ -55,11 +55,13 @@ class ContainerView:
 
     @property
     def ok(self) -> bool:
-        return self.state == "running" and (not self.expected_id or self.id == self.expected_id)
+        return self.state == "running"
 
     def describe(self) -> str:
+        # An interrupted `pulumi up` keeps the stack's previous outputs: the next run updates
+        # them. A container started by hand under the stack's name shows the same way.
         if self.state == "running" and self.expected_id and self.id != self.expected_id:
-            return f"running, but not the container the state holds ({self.id[:12]})"
+            return f"running ({self.id[:12]}; the outputs say {self.expected_id[:12]})"
         return self.state
 
 
