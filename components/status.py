@@ -115,7 +115,7 @@ class Report:
         return "\n".join(lines)
 
 
-def _select(stack_name: str | None) -> Any:
+def select_stack(stack_name: str | None) -> Any:
     from pulumi import automation as auto
 
     ws = auto.LocalWorkspace(work_dir=str(PROJECT_DIR))
@@ -127,7 +127,7 @@ def _select(stack_name: str | None) -> Any:
     return auto.select_stack(stack_name=stack_name, work_dir=str(PROJECT_DIR))
 
 
-def _secret(stack: Any, key: str) -> str | None:
+def config_secret(stack: Any, key: str) -> str | None:
     from pulumi import automation as auto
 
     try:
@@ -196,10 +196,10 @@ def collect(stack: Any) -> Report:
     outputs = {k: v.value for k, v in stack.outputs().items()}
     if "nodes" not in outputs:
         raise LookupError(f"stack {stack.name} has no `nodes` output: run `pulumi up` first")
-    key = _secret(stack, "sshPrivateKey")
+    key = config_secret(stack, "sshPrivateKey")
     if key is None:
         raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set")
-    api_key = _secret(stack, "apiKey")
+    api_key = config_secret(stack, "apiKey")
     nodes = outputs["nodes"]
     expected = outputs.get("containerIds") or {}
     report = Report(stack.name, outputs["endpoint"], outputs["servedModelName"])
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-backoff", type=float, default=900, help="longest wait, s (900)")
     args = ap.parse_args(argv)
     try:
-        stack = _select(args.stack)
+        stack = select_stack(args.stack)
         if args.watch:
             return watch(stack, args.interval, args.max_repairs, args.max_backoff)
         report = collect(stack)

@@ -40,6 +40,7 @@ class Step:
 class Run:
     steps: list[Step] = field(default_factory=list)
     output: list[str] = field(default_factory=list)
+    events: list[str] = field(default_factory=list)  # every engine event, as JSON (`--json`)
     seconds: float = 0.0
     error: str | None = None
 
@@ -52,6 +53,7 @@ class Run:
 
 def _recorder(run: Run) -> Any:
     def on_event(ev: auto.EngineEvent) -> None:
+        run.events.append(json.dumps(ev, default=lambda o: getattr(o, "__dict__", str(o))))
         for phase, e in (("pre", ev.resource_pre_event), ("done", ev.res_outputs_event),
                          ("failed", ev.res_op_failed_event)):
             if e is not None:
