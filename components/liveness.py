@@ -32,8 +32,12 @@ RUNNING = "running"
 # The inputs that say which container; the rest of the inputs say how to reach its node.
 _KEYS = ("node", "host", "port", "user", "privateKey", "hostKey", "container", "serving")
 # The serving check sends one short chat completion (FIELD-NOTES: only a completion proves
-# vLLM serves); bounded so a refresh never hangs on a wedged server.
-SERVING_TIMEOUT_S = 90
+# vLLM serves). An error (5xx, refused, /health not 200) means not serving; no answer within
+# SMOKE_WAIT_S means busy or wedged, and counts as running: a refresh must never reload 120 GB
+# of weights because a queue was long. `python -m components.status` reports a server that
+# does not answer.
+SMOKE_WAIT_S = 5
+SERVING_TIMEOUT_S = 30  # the whole check, docker exec included
 
 
 def _target(props: dict[str, Any]) -> ssh.Target:
@@ -57,11 +61,14 @@ def inspect_script(container: str, serving: list[str] | None) -> str:
     if serving:
         # the readiness probe (scripts/vllm_probe.py) on stdin, run inside the container, with
         # the container's own API key; /health alone can answer while generation is dead
-        probe = shlex.join(["python3", "-", *serving, "ready", "0", "smoke"])
+        probe = shlex.join(["python3", "-", *serving, "ready", "0", "smoke", str(SMOKE_WAIT_S)])
         lines += [
             f"if why=$(timeout {SERVING_TIMEOUT_S} docker exec -i {q} {probe} 2>&1 >/dev/null); "
             "then echo running; else",
-            '  echo "running, not serving: $(echo "$why" | tail -n 1)"',
+            '  rc=$?',
+            '  if [ "$rc" -eq 3 ] || [ "$rc" -eq 124 ]; then echo running; else',
+            '    echo "running, not serving: $(echo "$why" | tail -n 1)"',
+            "  fi",
             "fi",
         ]
     else:

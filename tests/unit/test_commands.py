@@ -603,11 +603,20 @@ def test_health_stays_open_and_no_key_means_no_check() -> None:
 
 # --- the vLLM readiness probe, against a local HTTP server -----------------------------------
 
-def serve_vllm_like(ready_after_s: float, served: str = "m"):
-    """An HTTP server on loopback answering like vLLM: /health 503 until `ready_after_s`."""
+def serve_vllm_like(ready_after_s: float, served: str = "m", chat_delay_s: float | None = None):
+    """An HTTP server on loopback answering like vLLM: /health 503 until `ready_after_s`; with
+    `chat_delay_s`, a chat completion answers after that long (else the POST fails)."""
     ready_at = time.monotonic() + ready_after_s
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        if chat_delay_s is not None:
+            def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                time.sleep(chat_delay_s)
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b'{"choices": [{"message": {"content": "hi"}}]}')
+
         def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
             up = time.monotonic() >= ready_at
             body = json.dumps({"data": [{"id": served}]}).encode() if up else b"loading"
@@ -649,6 +658,19 @@ def test_probe_wait_then_smoke_names_a_dead_generation() -> None:
         server.shutdown()
     assert done.returncode == 2, done.stderr
     assert "smoke request failed" in done.stderr
+
+
+def test_probe_tells_a_slow_answer_from_a_failed_one() -> None:
+    """No answer within SMOKE_SECONDS is exit 3 (busy, not dead: refresh keeps the server);
+    an answer in time is exit 0."""
+    slow = serve_vllm_like(ready_after_s=0, chat_delay_s=3)
+    try:
+        late, took = run_probe(slow.server_address[1], "ready", "0", "smoke", "1")
+        in_time, _ = run_probe(slow.server_address[1], "ready", "0", "smoke", "10")
+    finally:
+        slow.shutdown()
+    assert late.returncode == 3 and "no answer within 1 s" in late.stderr and took < 2.5
+    assert in_time.returncode == 0, in_time.stderr
 
 
 def test_probe_wait_gives_up_after_its_round_with_the_reason() -> None:

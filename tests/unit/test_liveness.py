@@ -64,6 +64,7 @@ case "$1:$FAKE" in
   inspect:exited) echo "exited 137" ;;
   inspect:*) echo "running 0" ;;
   exec:serving) cat >/dev/null; exit 0 ;;
+  exec:busy) cat >/dev/null; echo "smoke request: no answer within 5 s" >&2; exit 3 ;;
   exec:*) cat >/dev/null; echo "smoke request failed: HTTP Error 500" >&2; exit 2 ;;
 esac
 """)
@@ -78,6 +79,8 @@ esac
     ("serving", ["127.0.0.1", "8000", "m"], 0, "running"),
     ("dead-generation", ["127.0.0.1", "8000", "m"], 0,
      "running, not serving: smoke request failed: HTTP Error 500"),
+    # a long queue is not a dead server: refresh must not reload the weights for it
+    ("busy", ["127.0.0.1", "8000", "m"], 0, "running"),
     ("daemon", None, 3, ""),
 ])
 def test_inspect_script_says_what_docker_says(fake_docker: Path, tmp_path: Path, fake: str,
@@ -96,5 +99,5 @@ def test_inspect_script_says_what_docker_says(fake_docker: Path, tmp_path: Path,
         assert "Cannot connect to the Docker daemon" in proc.stderr
     # the probe runs only for vLLM, only while it runs, in the container, with the probe's argv
     execs = [c for c in calls if c.startswith("exec")]
-    assert execs == ([f"exec -i spark-vllm-s-vllm python3 - {' '.join(serving)} ready 0 smoke"]
-                     if serving and fake in ("serving", "dead-generation") else [])
+    assert execs == ([f"exec -i spark-vllm-s-vllm python3 - {' '.join(serving)} ready 0 smoke 5"]
+                     if serving and fake in ("serving", "dead-generation", "busy") else [])
