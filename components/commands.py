@@ -7,7 +7,6 @@ shell (pulumi-command's remote.Command), so they stay POSIX sh.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from importlib import resources
@@ -118,12 +117,6 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
     if node.ib_hca:
         env["NCCL_IB_HCA"] = node.ib_hca
     return env
-
-
-def env_hash(env: dict[str, str]) -> str:
-    """Short digest shown in diffs (invariant 3); env here holds no secret values."""
-    blob = json.dumps(env, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:12]
 
 
 def secret_env_file(role: str, hf_token: str | None, api_key: str | None) -> str:

@@ -45,7 +45,8 @@ class SparkNode(pulumi.ComponentResource):
             f"{name}-preflight", self, self,
             create=commands.preflight_script(spec, node),
             # plain facts for a reviewer: the connection itself shows only [secret]
-            triggers=[node.host, node.identity_ip, spec.image, spec.image_pull],
+            triggers=[{"host": node.host, "identityIp": node.identity_ip, "image": spec.image,
+                       "imagePull": spec.image_pull}],
             depends_on=[],
         )
         self.identity_ip = pulumi.Output.from_input(node.identity_ip)
@@ -79,21 +80,27 @@ def node_command(
     )
 
 
-def env_facts(spec: ClusterSpec, node: NodeSpec) -> list[str]:
-    """What a reviewer reads in a diff of a container command (invariant 3)."""
-    return [node.host, node.identity_ip, spec.image,
-            "env:" + commands.env_hash(commands.node_env(spec, node))]
+def env_facts(spec: ClusterSpec, node: NodeSpec) -> dict[str, Any]:
+    """What a reviewer reads in a diff of a container command (invariant 3): named, with the
+    non-secret env itself, so `pulumi preview --diff` says
+    `~ triggers[0].env.NCCL_DEBUG: "WARN" => "INFO"` rather than a changed script or hash."""
+    return {"node": node.name, "host": node.host, "identityIp": node.identity_ip,
+            "image": spec.image, "env": commands.node_env(spec, node)}
 
 
 def container_command(
     name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec, role: str,
-    create: pulumi.Input[str], delete: str, stdin: pulumi.Input[str], triggers: list[Any],
-    depends_on: list[pulumi.Resource], serving: list[str] | None = None,
+    create: pulumi.Input[str], delete: str, stdin: pulumi.Input[str], facts: dict[str, Any],
+    links: dict[str, Any], depends_on: list[pulumi.Resource], serving: list[str] | None = None,
 ) -> remote.Command:
     """`node_command` for a container, with its refresh-time companion (liveness.py): when a
-    refresh saw the container dead, the companion's new id replaces it (invariant 7)."""
+    refresh saw the container dead, the companion's new id replaces it (invariant 7).
+
+    `triggers` = [facts, links]: what the container is (env_facts and more), then the ids of
+    what it runs on, by name, so a cascaded replacement reads `~ triggers[1].rayHead: … =>
+    [unknown]` ("replaced because the Ray head is")."""
     live = ContainerLiveness(f"{name}-liveness", node=node,
                              container=commands.container_name(spec, role),
                              serving=serving, parent=parent)
     return node_command(name, parent, node, create=create, delete=delete, stdin=stdin,
-                        triggers=[*triggers, live.id], depends_on=depends_on)
+                        triggers=[facts, {**links, "liveness": live.id}], depends_on=depends_on)

@@ -43,7 +43,8 @@ class RayCluster(pulumi.ComponentResource):
                                          commands.head_run_argv(spec)),
             delete=commands.remove_script(spec, spec.head, commands.HEAD),
             stdin=_env_file(commands.HEAD, args.hf_token),
-            triggers=env_facts(spec, spec.head),
+            facts={**env_facts(spec, spec.head), "rayPort": spec.ray_port},
+            links={},
             depends_on=preflights,
         )
         self.workers = [
@@ -53,7 +54,8 @@ class RayCluster(pulumi.ComponentResource):
                                              commands.worker_run_argv(spec, n.node)),
                 delete=commands.remove_script(spec, n.node, commands.WORKER),
                 stdin=_env_file(commands.WORKER, args.hf_token),
-                triggers=[self.head.stdout, *env_facts(spec, n.node)],
+                facts=env_facts(spec, n.node),
+                links={"rayHead": self.head.stdout},
                 depends_on=[*preflights, self.head],
             )
             for n in nodes[1:]
@@ -67,7 +69,9 @@ class RayCluster(pulumi.ComponentResource):
             # the program runs only at create; a newer one (an upgrade of spark-vllm) must not
             # replace a passed gate, and with it vLLM, whose triggers hold the gate's id
             ignore_changes=["stdin"],
-            triggers=[c.stdout for c in containers],
+            triggers=[{"rayHead": self.head.stdout,
+                       **{f"rayWorker@{n.node.name}": w.stdout
+                          for n, w in zip(nodes[1:], self.workers, strict=True)}}],
             depends_on=list(containers),
         )
         self.container_ids = pulumi.Output.all(*[c.stdout for c in containers]).apply(

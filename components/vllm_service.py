@@ -42,8 +42,14 @@ class VllmService(pulumi.ComponentResource):
             stdin=stdin,
             # the gate's id changes whenever the gate is replaced, i.e. whenever any Ray
             # container is: a vLLM driver must never outlive the cluster it was placed on
-            triggers=[cluster.gate.id, cluster.head.stdout, *[w.stdout for w in cluster.workers],
-                      *env_facts(spec, spec.head), spec.served_name],
+            facts={**env_facts(spec, spec.head), "model": spec.model,
+                   "servedModelName": spec.served_name,
+                   "tensorParallelSize": spec.tensor_parallel_size,
+                   "pipelineParallelSize": spec.pipeline_parallel_size, "port": spec.port,
+                   "vllmArgs": list(spec.vllm_args)},
+            links={"gate": cluster.gate.id, "rayHead": cluster.head.stdout,
+                   **{f"rayWorker@{n.name}": w.stdout
+                      for n, w in zip(spec.workers, cluster.workers, strict=True)}},
             depends_on=[cluster.gate],
             # refresh asks the server itself, as a client would (vllm#53157)
             serving=commands.probe_target(spec),

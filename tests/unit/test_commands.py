@@ -129,14 +129,6 @@ def test_secret_env_file_roles() -> None:
         c.secret_env_file(c.VLLM, None, "two\nlines")
 
 
-def test_env_hash_tracks_env() -> None:
-    spec = duo()
-    a = c.env_hash(c.node_env(spec, spec.nodes[0]))
-    assert a == c.env_hash(c.node_env(spec, spec.nodes[0]))
-    assert a != c.env_hash(c.node_env(duo(env={"NCCL_DEBUG": "INFO"}), spec.nodes[0]))
-    assert len(a) == 12
-
-
 @pytest.mark.parametrize("script", ["preflight", "start-head", "start-worker", "start-vllm",
                                     "remove", "gate"])
 def test_scripts_parse_as_posix_sh(script: str) -> None:

@@ -73,7 +73,7 @@ def test_chain_is_linked_through_trigger_inputs(n: int) -> None:
         w = g[f"ray-worker-node-{i}"]
         live = g[f"ray-worker-node-{i}-liveness"].urn
         assert sorted(w.property_dependencies["triggers"]) == sorted([head, live])
-        assert w.plain("triggers")[0] == "cid-ray-head\n"  # the head's container id
+        assert w.plain("triggers")[1]["rayHead"] == "cid-ray-head\n"  # the head's container id
     assert sorted(g["ray-gate"].property_dependencies["triggers"]) == sorted([head, *workers])
     serve_deps = g["vllm-serve"].property_dependencies["triggers"]
     assert g["ray-gate"].urn in serve_deps and head in serve_deps
@@ -85,11 +85,26 @@ def test_chain_is_linked_through_trigger_inputs(n: int) -> None:
 
 
 def test_triggers_carry_readable_facts() -> None:
-    g = graph(2)
-    assert g["ray-head"].plain("triggers")[:3] == ["10.231.0.11", "192.168.231.11", "vllm/image:1"]
-    assert g["ray-head"].plain("triggers")[3].startswith("env:")
-    assert g["ray-worker-node-2"].plain("triggers")[1:4] == ["10.231.0.12", "192.168.231.12",
-                                                             "vllm/image:1"]
+    """A diff names the cause in the user's terms: the env as a map, the identity, the image,
+    vLLM's args; then what the container runs on, by name (invariant 3)."""
+    g = graph(2, env={"NCCL_DEBUG": "WARN"}, vllmArgs=["--max-model-len", "8192"])
+    head, links = g["ray-head"].plain("triggers")
+    assert head == {"node": "node-1", "host": "10.231.0.11", "identityIp": "192.168.231.11",
+                    "image": "vllm/image:1", "rayPort": 6379,
+                    "env": c.node_env(spec_from(lab_nodes(2), env={"NCCL_DEBUG": "WARN"}),
+                                      spec_from(lab_nodes(2)).head)}
+    assert head["env"]["NCCL_DEBUG"] == "WARN" and head["env"]["VLLM_HOST_IP"] == "192.168.231.11"
+    assert links == {"liveness": "ray-head-liveness-id"}
+    worker, wlinks = g["ray-worker-node-2"].plain("triggers")
+    assert (worker["node"], worker["identityIp"]) == ("node-2", "192.168.231.12")
+    assert wlinks == {"rayHead": "cid-ray-head\n", "liveness": "ray-worker-node-2-liveness-id"}
+    vllm, vlinks = g["vllm-serve"].plain("triggers")
+    assert vllm["vllmArgs"] == ["--max-model-len", "8192"]
+    assert (vllm["servedModelName"], vllm["tensorParallelSize"], vllm["port"]) == (
+        "org/model", 2, 8000)
+    assert set(vlinks) == {"gate", "rayHead", "rayWorker@node-2", "liveness"}
+    assert g["ray-gate"].plain("triggers") == [{"rayHead": "cid-ray-head\n",
+                                               "rayWorker@node-2": "cid-ray-worker-node-2\n"}]
 
 
 def test_env_change_changes_every_container_trigger_and_nothing_else() -> None:
@@ -247,7 +262,7 @@ def test_every_container_and_only_containers_have_a_liveness_companion(n: int) -
     for name, role in containers.items():
         live = g[f"{name}-liveness"]
         assert live.plain("triggers") is None
-        assert g[name].plain("triggers")[-1] == f"{name}-liveness-id"
+        assert g[name].plain("triggers")[-1]["liveness"] == f"{name}-liveness-id"
         assert live.plain("container") == f"spark-vllm-test-{role}"
         node = "node-1" if role != c.WORKER else name.removeprefix("ray-worker-")
         assert live.plain("node") == node
