@@ -278,7 +278,7 @@ def test_5_after_up_change_destroy_no_secret_is_anywhere(lab: Lab,
         places[f"{node} process lists"] = text
     for node in NODES:
         places[f"{node} files"] = node_sh(
-            node, "grep -rIl -e " + " -e ".join(
+            node, "grep -rIlF -e " + " -e ".join(
                 f"'{v}'" for v in (API_KEY, HF_TOKEN, key_lines[1]))
             + " /home /root /tmp /etc /var/lib/docker/containers 2>/dev/null || true")
         assert node_sh(node, f"ls -A /home/{USER}/.spark-vllm/{STACK} 2>/dev/null || true"
