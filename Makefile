@@ -37,6 +37,7 @@ unit: venv
 lint: venv
 	.venv/bin/ruff check components tests __main__.py lab bench
 	.venv/bin/mypy
+	"$$(bash lab/actionlint.sh | tail -n 1)" .github/workflows/*.yml
 
 test: venv tools
 	$(PY) -m pytest -q -ra

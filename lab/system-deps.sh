@@ -7,8 +7,10 @@
 set -euo pipefail
 
 #   make          the Makefile (make test, make demo)
+#   shellcheck    actionlint checks the PR workflow's `run:` scripts with it (tests/toolchain)
 #   python3-venv  only when the python3 on PATH is Debian's and cannot make a venv without it
-PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates make)
+PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates make
+      shellcheck)
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then PKGS+=(python3-venv); fi
 
 missing=()

@@ -1,0 +1,586 @@
+"""What a `pulumi preview` of a spark-vllm stack restarts, on which node, and why.
+
+    pulumi preview --json --show-sames --stack S | python -m components.summary [--format text]
+
+On this stack a restart is expensive (a vLLM restart reloads ~120 GB of weights), so a reviewer
+asks one question of every change: what restarts, where, because of which line? Pulumi's own
+diff of a `remote.Command` answers it badly (pulumi/pulumi#6203, #8185, #17630). This reads
+the preview's JSON digest (pkg/display/json.go: `steps[]` with `op`, `urn`, `oldState`,
+`newState`, `diffReasons`, `replaceReasons`, `detailedDiff`) and writes one row per node and
+role, with the action, the cause in config terms and the consequence.
+
+What it reads of a step: the container commands' `triggers` ([facts, links]: node.py
+`container_command`; the gate's are [links]) and the *names* of other changed properties.
+Facts are non-secret by construction (invariant 3); `stdin` and `connection` carry the secrets
+and are only ever named, never shown. Pulumi already prints secrets as "[secret]" in this
+JSON; a value still wrapped as a secret is shown as "[secret]" too.
+
+`--show-sames` lists kept resources as steps; without it, kept Ray containers and the gate are
+still named through the links of the steps that change. Stdlib only: it runs in CI and by hand
+without the program's dependencies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# pulumi pkg/resource/stack/deployment.go `computedValuePlaceholder`: known only after apply
+UNKNOWN = "04da6b54-80e4-46f7-96ec-b56ff0331ba9"
+# sdk/go/common/resource/sig: a serialized secret is {SIG_KEY: SECRET_SIG, "ciphertext"|...}
+SIG_KEY, SECRET_SIG = "4dabf18193072939515e22adb298388d", "1b47061264138c4ac30d75fd1eb44270"
+SECRET = "[secret]"
+COMMAND_TYPE = "command:remote:Command"
+LIVENESS_SUFFIX = "-liveness"  # liveness.py: `<command>-liveness`, a dynamic resource
+RUNNING = "running"  # liveness.py RUNNING
+
+PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "gate", "vLLM"
+ROLE_ORDER = (PREFLIGHT, HEAD, WORKER, GATE, VLLM)
+KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
+# pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
+_ACTION = {
+    "same": KEEP, "read": KEEP, "refresh": KEEP, "remove-pending-replace": KEEP,
+    "read-replacement": KEEP, "create": CREATE, "import": CREATE, "update": UPDATE,
+    "delete": DELETE, "discard": DELETE, "replace": REPLACE, "create-replacement": REPLACE,
+    "delete-replaced": REPLACE, "import-replacement": REPLACE, "discard-replaced": REPLACE,
+}
+_STRENGTH = {KEEP: 0, UPDATE: 1, CREATE: 2, DELETE: 2, REPLACE: 3}
+
+# Env keys the program derives from a node's own fields (spec.OWNED_ENV, commands.node_env):
+# a diff of them is shown as the field a user edits, once.
+DERIVED_ENV = {
+    "VLLM_HOST_IP": "identityIp", "NCCL_SOCKET_IFNAME": "fabricInterface",
+    "GLOO_SOCKET_IFNAME": "fabricInterface", "TP_SOCKET_IFNAME": "fabricInterface",
+    "UCX_NET_DEVICES": "fabricInterface", "NCCL_IB_HCA": "ibHca",
+}
+_FACT_ORDER = ("identityIp", "host", "image", "env", "imagePull", "model", "servedModelName",
+               "tensorParallelSize", "pipelineParallelSize", "vllmArgs", "port", "rayPort")
+SECRET_STDIN = "secret changed (apiKey or hfToken)"
+SECRET_CONNECTION = "SSH connection (secret) changed"
+NODE_ADDED, NODE_REMOVED = "node added", "node removed"
+VLLM_RELOADS = "vLLM reloads the model (minutes of downtime on a Spark)"
+MAX_VALUE = 120  # characters of one value in a cause
+
+
+class NotAPreviewError(ValueError):
+    """The input is not a `pulumi preview --json` document; the message says what it is."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One node and role: what the preview does to it, why, and what that costs."""
+
+    node: str
+    role: str  # PREFLIGHT, HEAD, WORKER, GATE or VLLM
+    action: str  # keep, create, replace, delete (update: in place, nothing restarts)
+    causes: tuple[str, ...]  # in config terms; empty when kept
+    consequence: str  # what runs again; "" for a kept check
+
+    @property
+    def cause(self) -> str:
+        return "; ".join(self.causes)
+
+
+@dataclass(frozen=True)
+class Summary:
+    stack: str | None
+    rows: tuple[Row, ...]
+    errors: tuple[str, ...] = ()  # error diagnostics: the preview failed
+    other_changes: int = 0  # changing resources that are no row (liveness companions, providers)
+
+    def changed(self) -> list[Row]:
+        return [r for r in self.rows if r.action != KEEP]
+
+    def ray_nodes(self, *actions: str) -> list[str]:
+        return [r.node for r in self.rows if r.role in (HEAD, WORKER) and r.action in actions]
+
+    @property
+    def vllm(self) -> Row | None:
+        return next((r for r in self.rows if r.role == VLLM and r.action != KEEP), None)
+
+    @property
+    def is_noop(self) -> bool:
+        return not self.errors and not self.changed() and not self.other_changes
+
+
+# ---------------------------------------------------------------------------- reading the JSON
+
+def _refuse(problem: str) -> NotAPreviewError:
+    return NotAPreviewError(f"{problem}: expected the output of `pulumi preview --json`")
+
+
+def load(text: str) -> dict[str, Any]:
+    """Parse and check one `pulumi preview --json` document (raises NotAPreviewError)."""
+    if not text.strip():
+        raise _refuse("empty input")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as err:
+        if err.msg == "Extra data" and '"sequence"' in text.lstrip().splitlines()[0]:
+            raise _refuse("a stream of engine events (`--json` of up or destroy, or an event "
+                          "log), not a preview") from None
+        raise _refuse(f"not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
+    check(doc)
+    return doc  # type: ignore[no-any-return]
+
+
+def check(doc: Any) -> None:
+    """Refuse what is not a preview digest, naming what it looks like instead."""
+    if not isinstance(doc, dict):
+        raise _refuse(f"a JSON {type(doc).__name__}, not an object")
+    if "deployment" in doc and "version" in doc:
+        raise _refuse("a `pulumi stack export` document, not a preview")
+    if not {"steps", "changeSummary", "diagnostics"} & doc.keys():
+        raise _refuse("no `steps`, `changeSummary` or `diagnostics` "
+                      f"(keys: {', '.join(sorted(doc)) or 'none'})")
+    steps = doc.get("steps") or []
+    if not isinstance(steps, list):
+        raise _refuse("`steps` is not a list")
+    for i, step in enumerate(steps):
+        if not (isinstance(step, dict) and isinstance(step.get("op"), str)
+                and isinstance(step.get("urn"), str)):
+            raise _refuse(f"steps[{i}] has no `op` and `urn`")
+
+
+def _clean(value: Any) -> Any:
+    """The value with every secret (a serialized secret object or "[secret]") as SECRET."""
+    if isinstance(value, dict):
+        if value.get(SIG_KEY) == SECRET_SIG:
+            return SECRET
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class _Resource:
+    """The steps of one URN, folded."""
+
+    name: str
+    type: str
+    action: str
+    old: dict[str, Any] | None  # inputs
+    new: dict[str, Any] | None
+    changed: set[str]  # top-level property names the engine says differ
+    states: list[Any]  # every `state` output seen (liveness companions)
+
+
+def _urn_parts(urn: str) -> tuple[str, str, str]:
+    """(stack, type, name) of `urn:pulumi:STACK::PROJECT::[PARENT$]TYPE::NAME`."""
+    parts = urn.split("::")
+    stack = parts[0].removeprefix("urn:pulumi:") if parts else ""
+    qualified = parts[2] if len(parts) > 3 else ""
+    return stack, qualified.rsplit("$", 1)[-1], parts[-1]
+
+
+def _top_key(path: str) -> str:
+    return re.split(r"[.\[]", path, maxsplit=1)[0]
+
+
+def _inputs(state: Any) -> dict[str, Any] | None:
+    if not isinstance(state, dict):
+        return None
+    props = state.get("inputs")
+    if not isinstance(props, dict) or not props:
+        props = state.get("outputs")
+    return _clean(props) if isinstance(props, dict) else None
+
+
+def _fold(steps: list[dict[str, Any]]) -> dict[str, _Resource]:
+    out: dict[str, _Resource] = {}
+    for step in steps:
+        _, typ, name = _urn_parts(step["urn"])
+        action = _ACTION.get(step["op"], UPDATE)  # an op unknown to us: assume a change
+        res = out.setdefault(step["urn"], _Resource(name, typ, KEEP, None, None, set(), []))
+        old, new = _inputs(step.get("oldState")), _inputs(step.get("newState"))
+        if _STRENGTH[action] >= _STRENGTH[res.action]:
+            res.action = action
+            res.old, res.new = old or res.old, new or res.new
+        if action != KEEP:
+            res.changed |= {str(k) for k in step.get("diffReasons") or []}
+            res.changed |= {str(k) for k in step.get("replaceReasons") or []}
+            res.changed |= {_top_key(p) for p in step.get("detailedDiff") or {}}
+        for state in (step.get("oldState"), step.get("newState")):
+            if isinstance(state, dict) and isinstance(state.get("outputs"), dict):
+                res.states.append(_clean(state["outputs"].get("state")))
+    return out
+
+
+# ------------------------------------------------------------------------------- what changed
+
+def _role(name: str) -> tuple[str, str | None] | None:
+    """Role and node of a command by its name (program.py: nodes' `<node>-preflight`,
+    RayCluster "ray", VllmService "vllm"); the head's node comes from its facts."""
+    if name.endswith("-preflight"):
+        return PREFLIGHT, name.removesuffix("-preflight")
+    if name.startswith("ray-worker-"):
+        return WORKER, name.removeprefix("ray-worker-")
+    return {"ray-head": (HEAD, None), "ray-gate": (GATE, None),
+            "vllm-serve": (VLLM, None)}.get(name)
+
+
+def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | None,
+                                                             dict[str, Any]]:
+    """(facts, links) of a command's triggers; facts None when not in spark-vllm's shape."""
+    triggers = (props or {}).get("triggers")
+    if not isinstance(triggers, list):
+        return None, {}
+    dicts = [t if isinstance(t, dict) else None for t in triggers]
+    if role == GATE:
+        return {}, (dicts[0] or {}) if dicts else {}
+    facts = dicts[0] if dicts else None
+    links = dicts[1] if len(dicts) > 1 and dicts[1] is not None else {}
+    return facts, links
+
+
+def show(value: Any) -> str:
+    """A config value as a reviewer reads it; never more than MAX_VALUE characters."""
+    if value is None:
+        text = "(unset)"
+    elif value == UNKNOWN:
+        text = "(known after apply)"
+    elif isinstance(value, bool):
+        text = str(value).lower()
+    elif isinstance(value, list):
+        text = " ".join(show(v) for v in value) if value else "(none)"
+    elif isinstance(value, dict):
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"))
+    else:
+        text = str(value)
+    text = " ".join(text.split())  # one line in a table
+    return text if len(text) <= MAX_VALUE else text[:MAX_VALUE - 1] + "…"
+
+
+def _change(key: str, old: Any, new: Any) -> str:
+    return f"{key}: {show(old)} → {show(new)}"
+
+
+def fact_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key: old → new` for every fact that differs, env keys one by one."""
+    keys = [k for k in _FACT_ORDER if k in old or k in new]
+    keys += sorted((old.keys() | new.keys()) - set(_FACT_ORDER) - {"node"})
+    causes: list[str] = []
+    for key in keys:
+        if old.get(key) == new.get(key):
+            continue
+        old_env, new_env = old.get(key) or {}, new.get(key) or {}
+        if key == "env" and isinstance(old_env, dict) and isinstance(new_env, dict):
+            causes += _env_causes(old_env, new_env, causes)
+        else:
+            causes.append(_change(key, old.get(key), new.get(key)))
+    return causes
+
+
+def _env_causes(old: dict[str, Any], new: dict[str, Any], already: list[str]) -> list[str]:
+    out: list[str] = []
+    for key in sorted(old.keys() | new.keys()):
+        if old.get(key) == new.get(key):
+            continue
+        if key in DERIVED_ENV:  # say it once, as the node field
+            field = DERIVED_ENV[key]
+            if not any(c.startswith(field + ":") for c in (*already, *out)):
+                out.append(_change(field, old.get(key), new.get(key)))
+        else:
+            out.append(_change(f"env.{key}", old.get(key), new.get(key)))
+    return out
+
+
+def _link_label(key: str) -> str:
+    if key == "rayHead":
+        return "the Ray head"
+    if key == "gate":
+        return "the gate"
+    if key.startswith("rayWorker@"):
+        return f"Ray worker {key.removeprefix('rayWorker@')}"
+    return key
+
+
+def _link_order(key: str) -> tuple[int, str]:
+    return ({"rayHead": 0, "gate": 2, "liveness": 3}.get(key, 1), key)
+
+
+def link_causes(old: dict[str, Any], new: dict[str, Any],
+                dead: str | None) -> tuple[list[str], list[str], list[str]]:
+    """From the ids a command's triggers hold: (its container died: the liveness companion is
+    replaced, workers added or removed, what it is replaced with)."""
+    died: list[str] = []
+    moved: list[str] = []
+    cascade: list[str] = []
+    for key in sorted(old.keys() | new.keys(), key=_link_order):
+        if old.get(key) == new.get(key) and new.get(key) != UNKNOWN:
+            continue
+        if key == "liveness":
+            died.append(f"container was {dead}" if dead else "its liveness check is replaced")
+        elif key not in old:
+            moved.append(f"{_link_label(key)} added")
+        elif key not in new:
+            moved.append(f"{_link_label(key)} removed")
+        else:
+            cascade.append(_link_label(key))
+    if len(cascade) > 1 and "the gate" in cascade:
+        cascade.remove("the gate")  # the gate is replaced only because a Ray container is
+    return died, moved, cascade
+
+
+def _because(items: list[str]) -> str:
+    said = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+    return f"replaced because {said} {'is' if len(items) == 1 else 'are'}"
+
+
+def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
+              node_new: bool) -> tuple[str, ...]:
+    """Why `res` is created, replaced or deleted, in the user's terms: a dead container, the
+    config keys that changed, a rotated secret, workers added or removed; and only when none
+    of those, the chain ("replaced because the Ray head is") or the script that changed."""
+    if res.action == KEEP:
+        return ()
+    if res.action == CREATE:
+        return (NODE_ADDED,) if node_new else ("new in the program",)
+    if res.action == DELETE:
+        return (NODE_REMOVED,) if node_gone else ("removed from the program",)
+    old_facts, old_links = _split(role, res.old)
+    new_facts, new_links = _split(role, res.new)
+    if old_facts is None or new_facts is None:
+        return ("triggers changed shape (an upgrade of spark-vllm)",)
+    died, moved, cascade = link_causes(old_links, new_links, dead)
+    if dead and not died:
+        died.append(f"container was {dead}")
+    causes = [*died, *fact_causes(old_facts, new_facts)]
+    if "stdin" in res.changed:
+        causes.append(SECRET_STDIN)
+    if "connection" in res.changed and not any(c.startswith("host:") for c in causes):
+        causes.append(SECRET_CONNECTION)
+    causes += moved
+    if not causes and cascade:
+        causes.append(_because(cascade))
+    if not causes:
+        named = sorted(res.changed - {"triggers"})
+        causes += ["start script changed (an upgrade of spark-vllm)" if k == "create"
+                   else f"{k} changed" for k in named]
+    return tuple(causes) or ("replaced (the preview does not say why)",)
+
+
+def consequence(role: str, action: str) -> str:
+    if role in (HEAD, WORKER):
+        return {KEEP: "keeps running", CREATE: "Ray starts on this node",
+                REPLACE: "Ray restarted on this node", DELETE: "Ray stopped on this node",
+                UPDATE: "nothing restarts"}[action]
+    if role == VLLM:
+        return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
+                REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",
+                UPDATE: "nothing restarts"}[action]
+    return "" if action == KEEP else "nothing runs (a check)"
+
+
+def _dead_state(states: Iterable[Any]) -> str | None:
+    return next((s for s in states if isinstance(s, str) and s not in (RUNNING, SECRET)), None)
+
+
+_Command = tuple[str, str | None, _Resource]  # role, node (None: the head's), steps
+
+
+def _classify(resources: dict[str, _Resource]) -> tuple[list[_Command], dict[str, str], int]:
+    """The commands with a role; the containers a refresh saw dead (by command name), from
+    their liveness companions; how many other resources change."""
+    commands: list[_Command] = []
+    dead: dict[str, str] = {}
+    other = 0
+    for res in resources.values():
+        role = _role(res.name) if res.type == COMMAND_TYPE else None
+        if role:
+            commands.append((role[0], role[1], res))
+            continue
+        if res.name.endswith(LIVENESS_SUFFIX) and (state := _dead_state(res.states)):
+            dead[res.name.removesuffix(LIVENESS_SUFFIX)] = state
+        if res.action != KEEP and res.type != "pulumi:pulumi:Stack":
+            other += 1
+    return commands, dead, other
+
+
+def _natural(name: str) -> tuple[Any, ...]:
+    """node-2 before node-10."""
+    return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", name))
+
+
+def _place(commands: list[_Command]) -> tuple[list[str], dict[tuple[str, str], _Resource | None]]:
+    """Nodes in order (the head first, then by name) and every (node, role) seen: by its own
+    step, or, for a kept container without one (no --show-sames), by the links of a command
+    that changes."""
+    head = next((str(facts["node"]) for role, _, res in commands if role in (HEAD, VLLM)
+                 for facts in (_split(role, res.new)[0], _split(role, res.old)[0])
+                 if facts and facts.get("node")), "head")
+    found: dict[tuple[str, str], _Resource | None] = {}
+    for role, node, res in commands:
+        found[(node or head, role)] = res
+        for props in (res.old, res.new):
+            for key in _split(role, props)[1]:
+                if key in ("rayHead", "gate"):
+                    found.setdefault((head, HEAD if key == "rayHead" else GATE), None)
+                elif key.startswith("rayWorker@"):
+                    found.setdefault((key.removeprefix("rayWorker@"), WORKER), None)
+    others = sorted({node for node, _ in found} - {head}, key=_natural)
+    return [head, *others], found
+
+
+def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
+    """Rows per node and role from one `pulumi preview --json` document (NotAPreviewError if
+    it is not one)."""
+    check(preview)
+    resources = _fold(list(preview.get("steps") or []))
+    stack = stack or next((_urn_parts(u)[0] for u in resources if _urn_parts(u)[0]), None)
+    commands, dead, other = _classify(resources)
+    order, found = _place(commands)
+    actions: dict[str, set[str]] = {}
+    for (node, _), res in found.items():
+        actions.setdefault(node, set()).add(res.action if res else KEEP)
+    rows: list[Row] = []
+    for (node, role), res in found.items():
+        action = res.action if res else KEEP
+        if role == PREFLIGHT and action == KEEP:
+            continue  # a kept check says nothing
+        causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
+                           actions[node] == {CREATE}) if res else ()
+        rows.append(Row(node, role, action, causes, consequence(role, action)))
+    rows.sort(key=lambda r: (order.index(r.node), ROLE_ORDER.index(r.role)))
+    errors = tuple(str(d.get("message", "")).strip() for d in preview.get("diagnostics") or []
+                   if isinstance(d, dict) and d.get("severity") == "error")
+    return Summary(stack, tuple(rows), errors, other)
+
+
+# ---------------------------------------------------------------------------------- rendering
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def headline(s: Summary, markdown: bool = False) -> str:
+    """One line: what restarts, loudest first."""
+    def loud(text: str) -> str:
+        return f"**{text}**" if markdown else text
+
+    if s.errors:
+        return loud("The preview failed") + ": no plan, so nothing is known about restarts."
+    if s.is_noop:
+        return "No change: nothing restarts."
+    parts = []
+    if v := s.vllm:
+        what = {REPLACE: "vLLM reloads the model", CREATE: "vLLM loads the model",
+                DELETE: "vLLM stops"}.get(v.action, "vLLM changes in place")
+        parts.append(f"{loud(what)} ({v.node})")
+    if restarted := s.ray_nodes(REPLACE):
+        parts.append(f"Ray restarts on {_count(len(restarted), 'node')}")
+    if started := s.ray_nodes(CREATE):
+        parts.append(f"Ray starts on {', '.join(started)}")
+    if stopped := s.ray_nodes(DELETE):
+        parts.append(f"Ray stops on {', '.join(stopped)}")
+    if parts and not (restarted or started or stopped):
+        parts.append("Ray keeps running")
+    if not parts:
+        checks = [r for r in s.changed() if r.role in (PREFLIGHT, GATE)]
+        return ("Nothing restarts: only checks run again." if checks else
+                f"Nothing restarts: {_count(s.other_changes, 'resource')} change in place.")
+    return " · ".join(parts)
+
+
+_VLLM_SAYS = {REPLACE: "yes (reloads the model: minutes of downtime on a Spark)",
+              CREATE: "yes (loads the model: minutes on a Spark)",
+              DELETE: "stops (the endpoint is gone)", UPDATE: "no (changes in place)"}
+
+
+def what_restarts(s: Summary) -> str:
+    ray = s.ray_nodes(REPLACE, CREATE)
+    line = (f"What restarts: Ray on {_count(len(ray), 'node')} ({', '.join(ray)})" if ray
+            else "What restarts: Ray on no node")
+    v = s.vllm
+    line += f"; vLLM: {_VLLM_SAYS.get(v.action, 'yes') if v else 'no'}."
+    if stopped := s.ray_nodes(DELETE):
+        line += f" Ray stops on {', '.join(stopped)}."
+    return line
+
+
+_CONFIG_CHANGE = re.compile(r"^[A-Za-z][\w.@\[\]-]*: ")
+
+
+def _md_cell(text: str, code: bool = False) -> str:
+    if not text:
+        return "–"
+    if code:
+        fence = "``" if "`" in text else "`"
+        cell = f"{fence} {text} {fence}" if fence == "``" else f"`{text}`"
+    else:
+        cell = html.escape(text, quote=False)
+    return cell.replace("|", "\\|")
+
+
+def render_markdown(s: Summary) -> str:
+    lines = [f"### spark-vllm preview: stack `{s.stack}`", ""] if s.stack else []
+    lines.append(headline(s, markdown=True))
+    if s.errors:
+        for err in s.errors:
+            fence = "````" if "```" in err else "```"
+            lines += ["", fence, err, fence]
+        return "\n".join(lines) + "\n"
+    if s.is_noop:
+        return "\n".join(lines) + "\n"
+    lines += ["", "| node | role | action | cause | consequence |", "|---|---|---|---|---|"]
+    for r in s.rows:
+        cause = "<br>".join(_md_cell(c, code=bool(_CONFIG_CHANGE.match(c))) for c in r.causes)
+        action = r.action if r.action == KEEP else f"**{r.action}**"
+        lines.append(f"| {_md_cell(r.node)} | {_md_cell(r.role)} | {action} | {cause or '–'} "
+                     f"| {_md_cell(r.consequence)} |")
+    lines += ["", what_restarts(s)]
+    return "\n".join(lines) + "\n"
+
+
+def render_text(s: Summary) -> str:
+    lines = [f"stack {s.stack}: {headline(s)}" if s.stack else headline(s)]
+    if s.errors:
+        return "\n".join([*lines, "", *s.errors]) + "\n"
+    if s.is_noop:
+        return lines[0] + "\n"
+    table = [("NODE", "ROLE", "ACTION", "CAUSE", "CONSEQUENCE")]
+    table += [(r.node, r.role, r.action, r.cause or "-", r.consequence or "-") for r in s.rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines.append("")
+    for row in table:
+        lines.append("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)),
+                                row[4]]).rstrip())
+    lines += ["", what_restarts(s)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m components.summary",
+        description="Summarize `pulumi preview --json` of a spark-vllm stack: what restarts, "
+                    "on which node, and why. Exit 0: summarized; 2: not a preview document.")
+    ap.add_argument("--format", choices=("markdown", "text"), default="markdown")
+    ap.add_argument("--stack", help="stack name for the title (default: from the URNs)")
+    ap.add_argument("file", nargs="?", default="-",
+                    help="the JSON written by `pulumi preview --json` (default: stdin)")
+    args = ap.parse_args(argv)
+    source = "stdin" if args.file == "-" else args.file
+    try:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        summary = summarize(load(text), stack=args.stack)
+    except OSError as err:
+        print(f"summary: cannot read {source}: {err.strerror or err}", file=sys.stderr)
+        return 2
+    except (NotAPreviewError, UnicodeDecodeError) as err:
+        print(f"summary: {source}: {err}", file=sys.stderr)
+        return 2
+    sys.stdout.write(render_markdown(summary) if args.format == "markdown"
+                     else render_text(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
