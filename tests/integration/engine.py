@@ -34,6 +34,7 @@ class Step:
     phase: str  # "pre" (step started), "done", "failed"
     t: float
     diffs: tuple[str, ...] = ()  # the properties the engine saw change (refresh: state vs read)
+    type: str = ""
 
 
 @dataclass
@@ -48,7 +49,11 @@ class Run:
         return [(s.op, s.name) for s in self.steps if s.phase == phase]
 
     def changed(self) -> dict[str, str]:
-        return {s.name: s.op for s in self.steps if s.phase == "pre" and s.op != "same"}
+        """Resources (not providers) a run changes. The dynamic provider's default instance
+        takes the stack's config as inputs, so any config change updates it: no resource of
+        it changes for that."""
+        return {s.name: s.op for s in self.steps if s.phase == "pre" and s.op != "same"
+                and not s.type.startswith("pulumi:providers:")}
 
 
 def _recorder(run: Run) -> Any:
@@ -64,7 +69,7 @@ def _recorder(run: Run) -> Any:
                     old, new = md.old.outputs or {}, md.new.outputs or {}
                     diffs = tuple(sorted(k for k in {*old, *new} if old.get(k) != new.get(k)))
                 run.steps.append(Step(md.op.value, md.urn.split("::")[-1], phase,
-                                      time.monotonic(), diffs))
+                                      time.monotonic(), diffs, md.type))
     return on_event
 
 

@@ -408,7 +408,9 @@ def test_an_interrupted_start_removes_what_it_started(tmp_path: Path, sig: int) 
         ["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
-             "FAKE": str(tmp_path), "HOME": str(tmp_path)})
+             "FAKE": str(tmp_path), "HOME": str(tmp_path)},
+        # as sshd starts it: a shell that finds SIGHUP ignored (under nohup) cannot trap it
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     assert proc.stdin is not None
     proc.stdin.write(c.vllm_stdin("hf-x", "key-y"))
     proc.stdin.close()
