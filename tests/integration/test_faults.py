@@ -165,57 +165,73 @@ def test_2_a_second_up_on_the_same_stack_is_refused_and_the_first_finishes(lab: 
     assert pending(lab) == []
 
 
-def test_3a_ctrl_c_once_lets_the_step_in_flight_finish(lab: Lab) -> None:
-    """One Ctrl-C while vLLM loads: Pulumi starts nothing new and waits for the load (the
-    remote command is not cancellable); nothing pending, nothing half-done."""
-    lab.set("env", {"NCCL_DEBUG": "WARN", "VLLM_SIM_LOAD_SECONDS": "12"})
-    log = REPO / ".lab" / "logs" / "ctrl-c-once.log"
+# (node, the command's resource name, its container's role, what runs once it is interrupted)
+CTRL_C_AT = {
+    "vllm-load": ("node-1", "vllm-serve", "vllm", {"ray-head", "ray-worker"}),
+    "worker-join": ("node-2", "ray-worker-node-2", "ray-worker", {"ray-head"}),
+}
+
+
+def _interrupted_up(lab: Lab, at: str, times: int, debug: str) -> tuple[Path, float]:
+    """`pulumi up` of an env change, Ctrl-C'd `times` times once `at`'s command is running;
+    returns the CLI's log and the seconds from the last Ctrl-C to its exit."""
+    _, command, _, _ = CTRL_C_AT[at]
+    lab.set("env", {"NCCL_DEBUG": debug, "VLLM_SIM_LOAD_SECONDS": "12"})
+    log = REPO / ".lab" / "logs" / f"ctrl-c-{times}-{at}.log"
     up = _cli_up(log)
-    _wait_for(log, "vllm-serve creating")
-    time.sleep(1)
-    os.killpg(up.pid, signal.SIGINT)
+    _wait_for(log, f"{command} creating")
+    if at == "vllm-load":
+        time.sleep(1)  # well into the load
+    for i in range(times):
+        os.killpg(up.pid, signal.SIGINT)
+        if i + 1 < times:
+            time.sleep(0.5)
     t0 = time.monotonic()
-    rc = up.wait(timeout=300)
-    took = time.monotonic() - t0
+    up.wait(timeout=300)
+    return log, time.monotonic() - t0
+
+
+@pytest.mark.parametrize("at", CTRL_C_AT)
+def test_3a_ctrl_c_once_lets_the_step_in_flight_finish(lab: Lab, at: str) -> None:
+    """One Ctrl-C while vLLM loads, or while a worker joins: Pulumi starts nothing new and
+    waits for the command in flight (it is not cancellable); nothing pending, nothing
+    half-done; the next `up` finishes the plan."""
+    log, took = _interrupted_up(lab, at, 1, "WARN" if at == "vllm-load" else "INFO")
     text = log.read_text()
-    assert rc != 0 and "update canceled" in text, text[-2000:]
+    assert "update canceled" in text, text[-2000:]
     assert pending(lab) == []
+    roles = {c.role for c in containers(NODES)}
+    assert all(c.running for c in containers(NODES))
+    _, _, role, before_it = CTRL_C_AT[at]
+    assert roles == before_it | {role}  # the command in flight finished, nothing after it ran
+    run_ok(lab.up())
     by_role()
     assert_serving(lab, lab_identities())
-    before = by_role()
-    run_ok(lab.up())  # only the outputs were left to record: no container changes
-    assert by_role() == before
-    print(f"Ctrl-C once: pulumi exited {took:.1f} s later (the vLLM load in flight finished)")
+    print(f"Ctrl-C once at {at}: pulumi exited {took:.1f} s later (the step in flight finished)")
 
 
-def test_3b_ctrl_c_twice_leaves_nothing_half_done_on_the_node(lab: Lab) -> None:
-    lab.set("env", {"NCCL_DEBUG": "INFO", "VLLM_SIM_LOAD_SECONDS": "12"})
-    log = REPO / ".lab" / "logs" / "ctrl-c-twice.log"
-    up = _cli_up(log)
-    _wait_for(log, "vllm-serve creating")
-    time.sleep(1)
-    os.killpg(up.pid, signal.SIGINT)
-    time.sleep(0.5)
-    os.killpg(up.pid, signal.SIGINT)
-    t0 = time.monotonic()
-    up.wait(timeout=60)
-    took = time.monotonic() - t0
+@pytest.mark.parametrize("at", CTRL_C_AT)
+def test_3b_ctrl_c_twice_leaves_nothing_half_done_on_the_node(lab: Lab, at: str) -> None:
+    node, command, role, left_running = CTRL_C_AT[at]
+    log, took = _interrupted_up(lab, at, 2, "WARN" if at == "vllm-load" else "INFO")
     assert took < 5 and "terminating" in log.read_text()
-    assert pending(lab) == ["creating:vllm-serve"]
-    # the interrupted command, still running on node-1, notices within its progress interval
-    # (10 s) and removes its vLLM container and its probe; Ray stays (its commands finished)
-    end = time.monotonic() + 20
+    assert pending(lab) == [f"creating:{command}"]
+    # the interrupted command, still running on its node, notices that its session is gone (at
+    # its next write: ≤ 10 s) and removes its container and its probe
+    t0 = time.monotonic()
+    name = f"spark-vllm-{STACK}-{role}"
+    # the start script's log prefix, as a pattern this check's own command line cannot match
+    script = f"\\[spark-vllm\\] \\$node: {role}:"
     while True:
-        left = node_sh("node-1", f"docker ps -aq --filter name=spark-vllm-{STACK}-vllm; "
-                                 "ps -eo args | grep -c '[d]ocker exec -i spark-vllm' || true")
-        ids, probes = left.split()[:-1], left.split()[-1]
-        if not ids and probes == "0":
+        left = node_sh(node, f"docker ps -aq --filter name={name}; "
+                             f"ps -eo args | grep -c '{script}' || true")
+        ids, scripts = left.split()[:-1], left.split()[-1]
+        if not ids and scripts == "0":
             break
-        assert time.monotonic() < end, left
+        assert time.monotonic() - t0 < 25, left
         time.sleep(0.5)
     cleaned = time.monotonic() - t0
-    assert {r for _, r in {(c.node, c.role) for c in containers(NODES)}} == {"ray-head",
-                                                                             "ray-worker"}
+    assert {c.role for c in containers(NODES)} == left_running
     # the next run warns about the pending operation and finishes the job
     rerun = run_ok(lab.up())
     assert any("pending operations" in line for line in rerun.output)
@@ -227,7 +243,7 @@ def test_3b_ctrl_c_twice_leaves_nothing_half_done_on_the_node(lab: Lab) -> None:
                    capture_output=True, timeout=120)
     assert pending(lab) == []
     assert run_ok(lab.up()).changed() == {}
-    print(f"Ctrl-C twice: pulumi gone in {took:.1f} s, node-1 clean {cleaned:.1f} s after")
+    print(f"Ctrl-C twice at {at}: pulumi gone in {took:.1f} s, {node} clean {cleaned:.1f} s later")
 
 
 def test_4_a_node_cut_off_mid_up_is_named_within_the_dial_bound(lab: Lab) -> None:
