@@ -136,8 +136,8 @@ def config_secret(stack: Any, key: str) -> str | None:
         return None
 
 
-def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: bool,
-               stack: str) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None]:
+def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
+               head: bool) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None]:
     target = ssh.Target(node=node["name"], host=node["host"], port=int(node["port"]),
                         user=node["user"], private_key=key, host_key=node.get("hostKey") or None)
     roles = node["containers"]
@@ -205,7 +205,7 @@ def collect(stack: Any) -> Report:
     report = Report(stack.name, outputs["endpoint"], outputs["servedModelName"])
     with ThreadPoolExecutor(max_workers=len(nodes) + 1) as pool:
         vllm = pool.submit(_ask_vllm, report.endpoint, report.model, api_key)
-        views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0, stack.name),
+        views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0),
                               range(len(nodes))))
         report.vllm_ok, report.vllm = vllm.result()
     ray_table = None
