@@ -110,6 +110,8 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
     env = {"RAY_USAGE_STATS_ENABLED": "0", **spec.user_env}
     env["VLLM_HOST_IP"] = node.identity_ip
     env["VLLM_RPC_BASE_PATH"] = SHARED_RAY_DIR
+    if spec.staged:  # the weights are on the node (staging.py): fetching is a bug, say so
+        env["HF_HUB_OFFLINE"] = "1"
     if node.fabric_interface:
         for key in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME",
                     "UCX_NET_DEVICES"):
@@ -178,6 +180,7 @@ def vllm_serve_args(spec: ClusterSpec) -> list[str]:
         "--distributed-executor-backend", "ray",
         "--host", spec.api_host, "--port", str(spec.port),
         "--served-model-name", spec.served_name,
+        *(["--revision", spec.model_revision] if spec.model_revision else []),
         # vLLM's --api-key leaves /invocations open; this closes every route but /health, /ping
         "--middleware", AUTH_MIDDLEWARE,
         *spec.vllm_args,
@@ -473,9 +476,22 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         'echo "$versions" > "$cache.$$" && mv -f "$cache.$$" "$cache" || true',
         "fi",
         "set -- $versions",
+    ]
+    digests = ""
+    if spec.image_digest:  # only then: a preflight that changed would restart the chain
+        lines.append(f"digests=$(docker image inspect --format '{{{{join .RepoDigests \" \"}}}}' "
+                     f"{image} 2>/dev/null || true)")
+        digests = ', "digests": "%s"'
+    if spec.staged and len(spec.nodes) > 1:
+        # the copy runs rsync between the head and each node, and the manifest check python3
+        lines += [f"for tool in rsync python3; do command -v $tool >/dev/null 2>&1 || fail \"$tool "
+                  f"is not installed: modelStaging {spec.model_staging} copies the model with rsync "
+                  "and checks it with python3 (or set modelStaging: none)\"; done"]
+    lines += [
         f"""printf '{{"node": "%s", "identity": "%s", "docker": "%s", "gpus": "%s", """
-        """"image_id": "%s", "ray": "%s", "python": "%s", "vllm": "%s"}\\n' """
-        f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "$1" "$2" "$3"',
+        f""""image_id": "%s", "ray": "%s", "python": "%s", "vllm": "%s"{digests}}}\\n' """
+        f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "$1" "$2" "$3"'
+        + (' "$digests"' if digests else ""),
     ]
     return "\n".join(lines) + "\n"
 
@@ -514,3 +530,225 @@ def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
 def gate_program() -> str:
     """The gate's Python (scripts/ray_gate.py), sent as the gate command's stdin."""
     return script_text("ray_gate.py")
+
+
+# --- model staging (staging.py) ------------------------------------------------------------
+
+MODEL_ROLE = "model"
+# In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the
+# head copies with) comes first; the staging helper's Python follows this line.
+MANIFEST_SEPARATOR = "#--- spark-vllm: model_manifest.py follows ---"
+# rsync's --info=progress2 line: "  1,234,567  45%  123.45MB/s    0:01:23 (xfr#3, to-chk=5/20)".
+# One line per PROGRESS_EVERY_S; srand() returns the previous seed, i.e. the time of the last
+# call, in any POSIX awk (mawk has no systime()).
+_RSYNC_PROGRESS_AWK = (
+    'BEGIN { srand(); last = srand() } '
+    '$2 ~ /%$/ { now = srand(); if (now - last >= EVERY) { last = now; '
+    'printf "[spark-vllm] %s: copied %s bytes (%s) to %s, %s, %s left\\n", HEAD, $1, $2, TO, $3, $4 } }')
+
+
+def model_repo_dir(spec: ClusterSpec) -> str:
+    return f"{spec.hf_cache}/hub/models--{spec.model.replace('/', '--')}"
+
+
+def staging_stdin(secret_part: str) -> str:
+    """stdin of a staging command: a secret (env-file or key), then the helper's Python."""
+    if MANIFEST_SEPARATOR in secret_part:
+        raise ValueError("secret contains the staging separator")
+    return (secret_part if secret_part.endswith("\n") else secret_part + "\n") \
+        + MANIFEST_SEPARATOR + "\n" + script_text("model_manifest.py")
+
+
+def _staging_prelude(spec: ClusterSpec, node: NodeSpec, what: str, secret_file: str) -> list[str]:
+    """Split stdin into a 0600 secret file and the helper, in a directory removed on exit; a
+    signal (Ctrl-C twice, a lost session) ends the script, and with it what it started."""
+    return [
+        *_prelude(spec, node, what),
+        'fail() { log "FAILED: $*"; exit 1; }',
+        "command -v python3 >/dev/null 2>&1 || fail \"python3 is not installed (model staging "
+        "runs its checks with it)\"",
+        "umask 077; work=$(mktemp -d)",
+        "trap 'cleanup; rm -rf \"$work\"' EXIT",
+        "trap 'exec >/dev/null 2>&1; exit 1' HUP INT TERM PIPE",
+        "cleanup() { :; }",
+        "awk -v s=" + shlex.quote(MANIFEST_SEPARATOR)
+        + f" -v f=\"$work\"/{secret_file} -v m=\"$work\"/m.py "
+        + shlex.quote('$0 == s { f = m; next } { print > f }'),
+        f"export SPARK_VLLM_NODE={shlex.quote(node.name)}",
+        f"hf={shlex.quote(spec.hf_cache)}; repo={shlex.quote(spec.model)}",
+    ]
+
+
+def stage_script(spec: ClusterSpec) -> str:
+    """`create` of the head's staging command: the model complete in the head's hfCache,
+    downloaded there first when missing (modelStaging: download), its manifest written; prints
+    the manifest summary (commit, files, bytes, digest) as JSON."""
+    head = spec.head
+    rev = spec.model_revision or "main"
+    name = f"{LABEL}-{spec.stack}-model-download"
+    lines = [
+        *_staging_prelude(spec, head, "model", "hf.env"),
+        f"rev={shlex.quote(rev)}",
+        'log "looking for $repo ($rev) in $hf"',
+        'if python3 "$work"/m.py build "$hf" "$repo" "$rev" > "$work"/summary; then :',
+        "else",
+        '  rc=$?; [ "$rc" -eq 4 ] || fail "cannot read $repo in $hf (above)"',
+    ]
+    if spec.model_staging == "copy":
+        lines += [
+            '  fail "$repo ($rev) is not complete in hfCache $hf on $node (above); modelStaging: '
+            'copy never downloads: put it there first (hf download), or set modelStaging: '
+            'download"',
+        ]
+    else:
+        env = []  # the user's env reaches the download (HF_ENDPOINT, proxies), not HF_HUB_OFFLINE
+        for key, value in spec.user_env.items():
+            env += ["--env", f"{key}={value}"]
+        run = shlex.join([
+            "docker", "run", "--rm", "-i", "--name", name, "--network", "host",
+            "--label", f"{LABEL}.stack={spec.stack}", "--label", f"{LABEL}.role=model-download",
+            "--volume", f"{spec.hf_cache}:/root/.cache/huggingface", *env,
+            "--entrypoint", "python3", spec.image, "-", "download", "/root/.cache/huggingface",
+            spec.model, rev])
+        lines += [
+            f'  log "downloading $repo ($rev) into $hf with {spec.image}"',
+            '  mkdir -p "$hf"',
+            f"  cleanup() {{ docker rm --force {shlex.quote(name)} >/dev/null 2>&1 || true; }}",
+            "  cleanup",
+            f'  {run[:run.index(" --name")]} --env-file "$work"/hf.env{run[run.index(" --name"):]}'
+            ' < "$work"/m.py > "$work"/dl.out 2> "$work"/dl.err &',
+            "  dl=$!; start=$(date +%s); last=$start",
+            '  while kill -0 "$dl" 2>/dev/null; do',
+            "    sleep 1; now=$(date +%s)",
+            f"    if [ $((now - last)) -ge {PROGRESS_EVERY_S} ]; then last=$now",
+            "      total=$(awk '$1 == \"total\" {print $2}' \"$work\"/dl.out)",
+            f"      have=$(du -sb {shlex.quote(model_repo_dir(spec))}/blobs 2>/dev/null | cut -f1)",
+            '      log "downloading: ${have:-0} of ${total:-?} bytes after $((now - start)) s"',
+            "    fi",
+            "  done",
+            '  if ! wait "$dl"; then sed "s/^/    | /" "$work"/dl.err | tail -n 20 >&2; '
+            'fail "download of $repo ($rev) failed (above)"; fi',
+            "  cleanup() { :; }",
+            '  python3 "$work"/m.py build "$hf" "$repo" "$rev" > "$work"/summary '
+            '|| fail "downloaded $repo ($rev), but it is not complete (above)"',
+        ]
+    lines += [
+        "fi",
+        'log "ready: $(cat "$work"/summary)"',
+        'cat "$work"/summary',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, object]) -> str:
+    """`create` of one node's copy command, run on the head: the head's model copied to `node`
+    over the fabric (rsync over SSH to its identity IP, resumable, only what is missing) and
+    verified there against the manifest; prints what it copied as JSON."""
+    head = spec.head
+    commit = str(summary["commit"])
+    dest = f"{node.user}@{node.identity_ip}"
+    opts = ["-F", "/dev/null", "-i", "$work/key", "-o", "IdentitiesOnly=yes",
+            "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
+            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR",
+            "-p", str(node.port)]
+    if node.host_key:
+        opts += ["-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=$work/known_hosts",
+                 "-o", f"HostKeyAlgorithms={node.host_key.split()[0]}"]
+        known = node.identity_ip if node.port == 22 else f"[{node.identity_ip}]:{node.port}"
+        known_line = [f"printf '%s\\n' {shlex.quote(known + ' ' + node.host_key)} "
+                      '> "$work"/known_hosts']
+    else:
+        opts += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        known_line = []
+    # $work is mktemp's (no spaces): rsync splits -e at spaces
+    ssh_opts = " ".join(opts)
+    to = f"{node.name} ({dest})"
+    remote_hf = shlex.quote(shlex.quote(spec.hf_cache))  # quoted for the remote shell too
+    lines = [
+        *_staging_prelude(spec, head, f"model copy to {node.name}", "key"),
+        f"commit={commit}",
+        *known_line,
+        f'ssh_opts="{ssh_opts}"',
+        f"dest={shlex.quote(dest)}",
+        'on_node() { ssh $ssh_opts "$dest" "$@"; }',
+        # the helper on the node, its program on stdin: on_helper MODE
+        "on_helper() { on_node python3 - \"$1\" " + remote_hf + " " + shlex.quote(
+            shlex.quote(spec.model)) + ' "$commit" < "$work"/m.py; }',
+        "command -v rsync >/dev/null 2>&1 || fail \"rsync is not installed on the head\"",
+        'python3 "$work"/m.py files "$hf" "$repo" "$commit" > "$work"/files '
+        '|| fail "no manifest of $repo at $commit on the head: the staging command writes it"',
+        f"if ! out=$(on_node mkdir -p {remote_hf} 2>&1); then "
+        f'fail "cannot reach {to} over the fabric from the head: $out"; fi',
+        # the manifest first (it tells the node what to check), then what is missing there
+        'grep "^spark-vllm/manifests/" "$work"/files > "$work"/manifest-file',
+        'rsync -a -s -e "ssh $ssh_opts" --files-from="$work"/manifest-file "$hf"/ "$dest:$hf"/ '
+        f'|| fail "cannot copy the manifest to {to}"',
+        f'space=$(on_helper need) || fail "cannot read free space on {node.name}"',
+        "set -- $(printf '%s' \"$space\" | python3 -c 'import json,sys; d=json.load(sys.stdin); "
+        "print(d[\"need\"], d[\"free\"], d[\"path\"])')",
+        f'if [ "$1" -gt "$2" ]; then fail "{node.name} has $(($2 / 1000000)) MB free on $3, the '
+        f'model needs $(($1 / 1000000)) MB more there (hfCache {spec.hf_cache})"; fi',
+        f'log "copying $(($1 / 1000000)) MB of $repo to {to}"',
+        "start=$(date +%s)",
+        '{ rsync -a -s --partial --append-verify --no-inc-recursive --info=progress2 '
+        '-e "ssh $ssh_opts" --files-from="$work"/files "$hf"/ "$dest:$hf"/ 2> "$work"/rsync.err; '
+        'echo $? > "$work"/rc; } | tr "\\r" "\\n" | awk -v EVERY='
+        f"{PROGRESS_EVERY_S} -v HEAD={shlex.quote(head.name)} -v TO={shlex.quote(node.name)} "
+        + shlex.quote(_RSYNC_PROGRESS_AWK) + " >&2",
+        'rc=$(cat "$work"/rc)',
+        'if [ "$rc" != 0 ]; then sed "s/^/    | /" "$work"/rsync.err >&2; '
+        f'fail "rsync to {to} failed (exit $rc)"; fi',
+        'state=$(on_helper check) || fail "cannot check the copy on ' + node.name + '"',
+        f'[ "$state" = complete ] || fail "after the copy, {node.name} has: $state"',
+        "secs=$(( $(date +%s) - start ))",
+        f'log "ready: {node.name} has $repo at $commit ($1 bytes copied in $secs s)"',
+        f"""printf '{{"node": "%s", "copied": %s, "seconds": %s, "manifest": "%s"}}\\n' """
+        f'{shlex.quote(node.name)} "$1" "$secs" {shlex.quote(str(summary["manifest"]))}',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# --- image consistency (image_check.py) --------------------------------------------------
+
+
+def image_problems(spec: ClusterSpec, reports: list[dict[str, str]]) -> list[str]:
+    """Why the nodes' images cannot run one cluster, or nothing: every node must hold the same
+    content under spec.image (one image id), and imageDigest, when set, must be that content
+    (its image id or one of its registry digests)."""
+    ids = {r["image_id"] for r in reports}
+    out = []
+    if len(ids) > 1:
+        out.append(f"image {spec.image} is not the same on every node (same tag, different "
+                   "content):")
+    if spec.image_digest:
+        off = [r["node"] for r in reports
+               if spec.image_digest != r["image_id"]
+               and spec.image_digest not in [d.rsplit("@", 1)[-1]
+                                             for d in r.get("digests", "").split()]]
+        if off:
+            out.append(f"imageDigest {spec.image_digest} is not what {', '.join(off)} "
+                       f"hold{'s' if len(off) == 1 else ''} as {spec.image}:")
+    if out:
+        width = max(len(r["node"]) for r in reports)
+        out.append(f"  {'node'.ljust(width)}  image id{'  registry digests' if spec.image_digest else ''}")
+        for r in reports:
+            digests = "  " + (r.get("digests") or "-") if spec.image_digest else ""
+            out.append(f"  {r['node'].ljust(width)}  {r['image_id']}{digests}")
+        out.append(f"Put one image on every node (docker pull {spec.image} on each, or docker "
+                   "save IMAGE | ssh NODE docker load), then run pulumi up again.")
+    return out
+
+
+def image_check_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
+    """`create` of the image check (run on the head, after every node's preflight, before any
+    container): prints the image id, or the per-node table and fails."""
+    reports = [json.loads(r) for r in preflight_json]
+    problems = image_problems(spec, reports)
+    lines = _prelude(spec, spec.head, "image check")
+    if problems:
+        lines += [f"printf '%s\\n' {shlex.quote(p)} >&2" for p in problems] + ["exit 1"]
+    else:
+        image_id = reports[0]["image_id"]
+        lines += [f'log "{spec.image} is {image_id} on all {len(reports)} node(s)"',
+                  f"echo {shlex.quote(image_id)}"]
+    return "\n".join(lines) + "\n"

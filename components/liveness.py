@@ -29,8 +29,10 @@ from . import ssh
 from .commands import script_text
 
 RUNNING = "running"
-# The inputs that say which container; the rest of the inputs say how to reach its node.
-_KEYS = ("node", "host", "port", "user", "privateKey", "hostKey", "container", "serving")
+COMPLETE = "complete"  # a staged model: every file of its manifest there, at its size
+# The inputs that say which container or model; the rest say how to reach its node.
+_KEYS = ("node", "host", "port", "user", "privateKey", "hostKey", "container", "serving",
+         "hfCache", "model", "commit")
 # The serving check sends one short chat completion (FIELD-NOTES: only a completion proves
 # vLLM serves). An error (5xx, refused, /health not 200) means not serving; no answer within
 # SMOKE_WAIT_S means busy or wedged, and counts as running: a refresh must never reload 120 GB
@@ -77,7 +79,10 @@ def inspect_script(container: str, serving: list[str] | None) -> str:
 
 
 def observe(props: dict[str, Any]) -> str:
-    """The container's state as seen now on its node; raises when the node cannot say."""
+    """The container's (or model's) state as seen now on its node; raises when the node cannot
+    say."""
+    if props.get("model"):
+        return observe_model(props)
     serving = props.get("serving") or None
     proc = ssh.run(_target(props), inspect_script(props["container"], serving),
                    stdin=script_text("vllm_probe.py") if serving else "",
@@ -88,24 +93,42 @@ def observe(props: dict[str, Any]) -> str:
     return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "gone"
 
 
+def observe_model(props: dict[str, Any]) -> str:
+    """A staged model on its node: "complete", "incomplete: <file> is N bytes, not M" or
+    "gone", by file sizes against the manifest the staging wrote there (no hashing)."""
+    argv = ["python3", "-", "check", props["hfCache"], props["model"], props["commit"]]
+    proc = ssh.run(_target(props), "PATH=\"$PATH:/usr/sbin:/sbin\"; " + shlex.join(argv),
+                   stdin=script_text("model_manifest.py"), timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{props['node']}: cannot check {props['model']}: "
+                           f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+    return lines[-1]
+
+
+def _expected(props: dict[str, Any]) -> str:
+    return COMPLETE if props.get("model") else RUNNING
+
+
 class _Provider(dynamic.ResourceProvider):
     # by reference (components.liveness._Provider): spark-vllm's code is not in the state
     serialize_as_secret_always = False
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         # the container does not exist yet: its command, which depends on this, starts it
-        return dynamic.CreateResult(f"{props['container']}@{props['node']}-{uuid.uuid4().hex[:8]}",
-                                    {**props, "state": RUNNING})
+        what = props.get("container") or props.get("model", "").replace("/", "--")
+        return dynamic.CreateResult(f"{what}@{props['node']}-{uuid.uuid4().hex[:8]}",
+                                    {**props, "state": _expected(props)})
 
     def diff(self, _id: str, olds: dict[str, Any], news: dict[str, Any]) -> dynamic.DiffResult:
-        if olds.get("state", RUNNING) != RUNNING:
+        if olds.get("state", _expected(olds)) != _expected(olds):
             return dynamic.DiffResult(changes=True, replaces=["state"],
                                       delete_before_replace=False)
         changed = [k for k in _KEYS if olds.get(k) != news.get(k)]
         return dynamic.DiffResult(changes=bool(changed), replaces=[])
 
     def update(self, _id: str, _olds: dict[str, Any], news: dict[str, Any]) -> dynamic.UpdateResult:
-        return dynamic.UpdateResult({**news, "state": RUNNING})
+        return dynamic.UpdateResult({**news, "state": _expected(news)})
 
     def read(self, id_: str, props: dict[str, Any]) -> dynamic.ReadResult:
         return dynamic.ReadResult(id_, {**props, "state": observe(props)})
@@ -127,6 +150,25 @@ class ContainerLiveness(dynamic.Resource):
             "privateKey": node.connection.private_key, "hostKey": spec.host_key or "",
             "container": container, "serving": serving or [],
             "state": RUNNING,  # what should be: a diff after a refresh reads "exited (137)" => "running"
+        }
+        super().__init__(_Provider(), name, props, pulumi.ResourceOptions(
+            parent=parent, additional_secret_outputs=["privateKey"]))
+
+
+class ModelLiveness(dynamic.Resource):
+    """The refresh-time view of one node's staged model: a copy found short or missing is
+    staged again by `pulumi up --refresh` (the copy command's triggers hold this id); nothing
+    that runs is restarted for it."""
+
+    state: pulumi.Output[str]
+
+    def __init__(self, name: str, *, node: Any, hf_cache: str, model: str,
+                 commit: pulumi.Input[str], parent: pulumi.Resource) -> None:
+        spec = node.node
+        props = {
+            "node": spec.name, "host": spec.host, "port": spec.port, "user": spec.user,
+            "privateKey": node.connection.private_key, "hostKey": spec.host_key or "",
+            "hfCache": hf_cache, "model": model, "commit": commit, "state": COMPLETE,
         }
         super().__init__(_Provider(), name, props, pulumi.ResourceOptions(
             parent=parent, additional_secret_outputs=["privateKey"]))

@@ -46,7 +46,8 @@ class SparkNode(pulumi.ComponentResource):
             create=commands.preflight_script(spec, node),
             # plain facts for a reviewer: the connection itself shows only [secret]
             triggers=[{"host": node.host, "identityIp": node.identity_ip, "image": spec.image,
-                       "imagePull": spec.image_pull}],
+                       "imagePull": spec.image_pull,
+                       **({"imageDigest": spec.image_digest} if spec.image_digest else {})}],
             depends_on=[],
         )
         self.identity_ip = pulumi.Output.from_input(node.identity_ip)
@@ -85,7 +86,9 @@ def env_facts(spec: ClusterSpec, node: NodeSpec) -> dict[str, Any]:
     non-secret env itself, so `pulumi preview --diff` says
     `~ triggers[0].env.NCCL_DEBUG: "WARN" => "INFO"` rather than a changed script or hash."""
     return {"node": node.name, "host": node.host, "identityIp": node.identity_ip,
-            "image": spec.image, "env": commands.node_env(spec, node)}
+            "image": spec.image,
+            **({"imageDigest": spec.image_digest} if spec.image_digest else {}),
+            "env": commands.node_env(spec, node)}
 
 
 def container_command(

@@ -13,9 +13,11 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 
 from . import commands, hostkeys
+from .image_check import ImageCheck
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
+from .staging import ModelStaging, ModelStagingArgs
 from .vllm_service import VllmService, VllmServiceArgs
 
 
@@ -92,7 +94,16 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         SparkNode(n.name, SparkNodeArgs(spec=spec, node=n, ssh_private_key=secrets.ssh_private_key))
         for n in spec.nodes
     ]
-    cluster = RayCluster("ray", RayClusterArgs(spec=spec, nodes=nodes, hf_token=secrets.hf_token))
+    # before any container: one image everywhere, then the weights on every node
+    before: list[pulumi.Resource] = [ImageCheck("image", spec, nodes).check]
+    staging = None
+    if spec.staged:
+        staging = ModelStaging("model", ModelStagingArgs(
+            spec=spec, nodes=nodes, ssh_private_key=secrets.ssh_private_key,
+            hf_token=secrets.hf_token, after=tuple(before)))
+        before += staging.done
+    cluster = RayCluster("ray", RayClusterArgs(spec=spec, nodes=nodes, hf_token=secrets.hf_token,
+                                               after=tuple(before)))
     service = VllmService("vllm", VllmServiceArgs(
         spec=spec, head=nodes[0], cluster=cluster,
         hf_token=secrets.hf_token, api_key=secrets.api_key))
@@ -105,6 +116,8 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         # per node: docker version, image id, Ray and Python versions in the image
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
         "rayNodes": cluster.node_table,
+        # what the nodes hold: the model's commit, files, bytes and manifest digest
+        "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
         # how to reach each node and what runs there: `python -m components.status` reads it
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,

@@ -22,6 +22,7 @@ class RayClusterArgs:
     spec: ClusterSpec
     nodes: list[SparkNode]  # nodes[0] is the head
     hf_token: pulumi.Input[str] | None = None  # secret
+    after: tuple[pulumi.Resource, ...] = ()  # the image check and the model's staging
 
 
 class RayCluster(pulumi.ComponentResource):
@@ -34,7 +35,7 @@ class RayCluster(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:ray:RayCluster", name, None, opts)
         spec, nodes = args.spec, args.nodes
-        preflights: list[pulumi.Resource] = [n.preflight for n in nodes]
+        preflights: list[pulumi.Resource] = [*(n.preflight for n in nodes), *args.after]
         head_node = nodes[0]
 
         self.head = container_command(

@@ -44,6 +44,9 @@ OWNED_ENV = {
     "VLLM_RPC_BASE_PATH": "the Ray head's shared /tmp/ray (the program)",
     "VLLM_CONFIG_ROOT": "the program (it holds vLLM's non-carry-over list)",
 }
+# Owned only while the program stages the model (modelStaging: download or copy): the weights
+# are then on every node before vLLM starts, and no node may fetch anything on its own.
+STAGING_ENV = {"HF_HUB_OFFLINE": "modelStaging (1 while the program stages the model)"}
 
 # vLLM flags the program derives from the spec; repeating them in vllmArgs would contradict it.
 OWNED_VLLM_FLAGS = {
@@ -56,11 +59,14 @@ OWNED_VLLM_FLAGS = {
     "--port": "port",
     "--served-model-name": "servedModelName",
     "--api-key": "apiKey (a secret)",
+    "--revision": "modelRevision",
 }
 
 _NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 _IFACE_RE = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including the NUL
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# huggingface_hub's repo id: namespace/name, each [\w.-] without "--" or ".." (validators.py)
+_HF_REPO_RE = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}$")
 
 
 class _Strict(BaseModel):
@@ -121,6 +127,14 @@ class _Settings(_Strict):
     image: str = Field(min_length=1, pattern=r"^[^\s]+$")
     image_pull: Literal["always", "missing", "never"] = "missing"
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")
+    # what vLLM loads: a branch, tag or commit of the Hugging Face repo (None: main)
+    model_revision: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+    # how the weights reach the nodes (staging.py): fetched once on the head when missing
+    # (download) or taken from the head as they are (copy), then copied to every other node
+    # over the fabric and verified; none: each node has them already, or vLLM fetches them
+    model_staging: Literal["none", "download", "copy"] = "download"
+    # pins the image's content: its image id or registry digest, the same on every node
+    image_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
     served_model_name: str | None = Field(None, pattern=r"^[^\s]+$")
     tensor_parallel_size: int = Field(ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
@@ -184,6 +198,11 @@ class ClusterSpec:
     @property
     def served_name(self) -> str:
         return self.settings.served_model_name or self.settings.model
+
+    @property
+    def staged(self) -> bool:
+        """The program puts the weights on every node before any Ray container (staging.py)."""
+        return self.settings.model_staging != "none"
 
     @property
     def user_env(self) -> dict[str, str]:
@@ -270,13 +289,20 @@ def _settings_problems(s: _Settings) -> list[str]:
     if s.port == s.ray_port:
         out.append(f"port: {s.port} is also rayPort; the API server and Ray's GCS need their own")
     for key in s.env:
-        if key in OWNED_ENV:
+        if key in STAGING_ENV and s.model_staging != "none":
+            out.append(f"env.{key}: set by the program while modelStaging is "
+                       f"{s.model_staging}; remove it from env (or set modelStaging: none)")
+        elif key in OWNED_ENV:
             out.append(f"env.{key}: set by the program from {OWNED_ENV[key]}; remove it from env")
         elif not _ENV_KEY_RE.match(key):
             out.append(f"env.{key}: not a valid environment variable name")
     for key, value in s.env.items():
         if "\n" in str(value) or "\0" in str(value):
             out.append(f"env.{key}: value must be one line")
+    if s.model_staging != "none" and not _HF_REPO_RE.match(s.model):
+        out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
+                   f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
+                   "path or a model the nodes already have")
     for j, arg in enumerate(s.vllm_args):
         spelled = arg.split("=", 1)[0]
         for flag in owned_vllm_flags(arg):

@@ -43,6 +43,7 @@ class VllmService(pulumi.ComponentResource):
             # the gate's id changes whenever the gate is replaced, i.e. whenever any Ray
             # container is: a vLLM driver must never outlive the cluster it was placed on
             facts={**env_facts(spec, spec.head), "model": spec.model,
+                   **({"modelRevision": spec.model_revision} if spec.model_revision else {}),
                    "servedModelName": spec.served_name,
                    "tensorParallelSize": spec.tensor_parallel_size,
                    "pipelineParallelSize": spec.pipeline_parallel_size, "port": spec.port,

@@ -4,6 +4,7 @@ propertyDependencies) that `Mocks.new_resource` alone hides (FIELD-NOTES, Pulumi
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,13 +23,21 @@ HF_TOKEN = "hf_secretTokenValue123"
 API_KEY = "sk-secret-api-key-456"
 
 
+IMAGE_ID = "sha256:" + "ab" * 32
+STAGED = {"model": "Qwen/Qwen3.5-122B-A10B-FP8", "revision": "main", "commit": "c0" * 20,
+          "files": 9, "bytes": 123, "hashed": 123, "manifest": "fe" * 32}
+
+
 class Mocks(pulumi.runtime.Mocks):
     def new_resource(self, args: pulumi.runtime.MockResourceArgs) -> tuple[str, dict[str, Any]]:
         state = dict(args.inputs)
         if args.typ == CMD and args.name.endswith("-preflight"):
             # a preflight prints a JSON summary of the node
             node = args.name.removesuffix("-preflight")
-            state.update(stdout=f'{{"node": "{node}", "image_id": "sha256:{node}"}}\n', stderr="")
+            state.update(stdout=f'{{"node": "{node}", "image_id": "{IMAGE_ID}"}}\n', stderr="")
+        elif args.typ == CMD and args.name.endswith("-stage"):
+            # the model's staging prints its manifest summary
+            state.update(stdout=json.dumps(STAGED) + "\n", stderr="")
         elif args.typ == CMD:
             # a container command prints its container id on stdout
             state.update(stdout=f"cid-{args.name}\n", stderr="")

@@ -47,6 +47,7 @@ def test_head_docker_run_argv_exact() -> None:
         "--volume", "/tmp/ray", "--env-file", "ray-head.env",
         "--env", "RAY_USAGE_STATS_ENABLED=0", "--env", "NCCL_DEBUG=WARN",
         "--env", "VLLM_HOST_IP=192.168.200.12", "--env", "VLLM_RPC_BASE_PATH=/tmp/ray",
+        "--env", "HF_HUB_OFFLINE=1",  # modelStaging (default download): weights are staged
         "--env", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "--env", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
         "--env", "TP_SOCKET_IFNAME=enp1s0f1np1", "--env", "UCX_NET_DEVICES=enp1s0f1np1",
         "--env", "NCCL_IB_HCA=rocep1s0f1",
@@ -168,7 +169,7 @@ def test_gate_program_travels_on_stdin_not_in_the_command() -> None:
 
 def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> None:
     """The Ray/Python read starts a container (~1 s of CPU a node): kept per image id."""
-    spec = spec_from([{"name": "local", "host": "127.0.0.1"}], image="img:1", model="m",
+    spec = spec_from([{"name": "local", "host": "127.0.0.1"}], image="img:1", model="org/m",
                      checkGpu=False, imagePull="never")
     script = c.preflight_script(spec, spec.head)
     first = run_with_fake_docker(script, tmp=tmp_path)

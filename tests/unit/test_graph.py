@@ -15,6 +15,7 @@ from tests.unit.harness import (
     API_KEY,
     CMD,
     HF_TOKEN,
+    IMAGE_ID,
     SECRET_SIG,
     SSH_KEY,
     Mocks,
@@ -40,7 +41,9 @@ def test_graph_shape(n: int) -> None:
     g = graph(n)
     commands = sorted(name for name, r in g.items() if r.type == CMD)
     expected = sorted([f"node-{i}-preflight" for i in range(1, n + 1)]
-                      + [f"ray-worker-node-{i}" for i in range(2, n + 1)] + list(CONTAINERS))
+                      + [f"ray-worker-node-{i}" for i in range(2, n + 1)] + list(CONTAINERS)
+                      + ["image-check", "model-stage"]
+                      + [f"model-copy-node-{i}" for i in range(2, n + 1)])
     assert commands == expected
     assert {g[f"node-{i}"].type for i in range(1, n + 1)} == {"spark-vllm:node:SparkNode"}
     assert g["ray"].type == "spark-vllm:ray:RayCluster"
@@ -185,13 +188,13 @@ def test_outputs_name_every_node_and_container() -> None:
                                         "node-2/ray-worker": "cid-ray-worker-node-2",
                                         "node-1/vllm": "cid-vllm-serve"}
     assert captured["servedModelName"] == "org/model"
-    assert captured["preflight"]["node-2"] == {"node": "node-2", "image_id": "sha256:node-2"}
+    assert captured["preflight"]["node-2"] == {"node": "node-2", "image_id": IMAGE_ID}
 
 
 GOOD_CONFIG = {
     "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1"},
                                     {"name": "b", "host": "10.0.0.2"}]),
-    "spark-vllm:image": "img", "spark-vllm:model": "m", "spark-vllm:tensorParallelSize": "2",
+    "spark-vllm:image": "img", "spark-vllm:model": "org/m", "spark-vllm:tensorParallelSize": "2",
     "spark-vllm:sshPrivateKey": SSH_KEY,
 }
 
@@ -258,7 +261,8 @@ def test_every_container_and_only_containers_have_a_liveness_companion(n: int) -
     containers = {"ray-head": c.HEAD, "vllm-serve": c.VLLM,
                   **{f"ray-worker-node-{i}": c.WORKER for i in range(2, n + 1)}}
     assert sorted(name for name, r in g.items() if r.type == DYN) == sorted(
-        f"{name}-liveness" for name in containers)
+        [*(f"{name}-liveness" for name in containers), "model-stage-liveness",
+         *(f"model-copy-node-{i}-liveness" for i in range(2, n + 1))])
     for name, role in containers.items():
         live = g[f"{name}-liveness"]
         assert live.plain("triggers") is None

@@ -58,7 +58,7 @@ def test_a_wrong_pinned_key_is_named_with_both_fingerprints(tmp_path: Path,
     nodes_answer["10.0.0.2"] = real_b
     spec = spec_from([{"name": "spark-a", "host": "10.0.0.1", "hostKey": good},
                       {"name": "spark-b", "host": "10.0.0.2", "hostKey": pinned_b}],
-                     image="i", model="m", tensorParallelSize=2)
+                     image="i", model="org/m", tensorParallelSize=2)
     problems = hostkeys.mismatches(spec)
     assert len(problems) == 1
     assert problems[0].startswith(
@@ -77,6 +77,6 @@ def test_matching_unpinned_and_silent_nodes_pass(tmp_path: Path,
     spec = spec_from([{"name": "spark-a", "host": "10.0.0.1", "hostKey": key},
                       {"name": "spark-b", "host": "10.0.0.2", "hostKey": new_key(tmp_path, "b")},
                       {"name": "spark-c", "host": "10.0.0.3"}],
-                     image="i", model="m", tensorParallelSize=3)
+                     image="i", model="org/m", tensorParallelSize=3)
     assert hostkeys.mismatches(spec) == []
     assert "10.0.0.3" not in (tmp_path / "calls").read_text()

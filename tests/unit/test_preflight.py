@@ -46,7 +46,7 @@ def node(**over: object) -> dict[str, object]:
 def preflight(tmp: Path, mode: str, at: int = 0,
               **top: object) -> tuple[subprocess.CompletedProcess[str], list[str]]:
     nodes = top.pop("nodes", None) or [top.pop("node", node())]
-    spec = spec_from(nodes, stack="pf", image="img:1", model="m",
+    spec = spec_from(nodes, stack="pf", image="img:1", model="org/m",
                      tensorParallelSize=len(nodes), **{"checkGpu": False, "imagePull": "never", **top})
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)

@@ -1,0 +1,98 @@
+"""ModelStaging: the model's weights on every node before any Ray container (modelStaging).
+
+    model-stage (head)          the model complete in the head's hfCache: found there, or
+                                downloaded once with the image's huggingface_hub and the hfToken
+                                (download); every blob hashed once (the cache keys on size and
+                                mtime, so a rerun hashes only what changed); a manifest written
+    model-copy-<node> (head)    per other node, in parallel: rsync over SSH to the node's
+                                identity (fabric) IP, only what is missing, resumable
+                                (--partial --append-verify), free space checked first; then the
+                                node's copy checked against the manifest
+
+Each has a refresh-time companion (liveness.ModelLiveness) that checks the files' sizes on its
+node: a shard found short or missing is staged again by `pulumi up --refresh`. Containers
+depend on the staging but do not hold it in their triggers: re-copying a shard that a running
+vLLM already loaded restarts nothing, and a model or revision change reaches vLLM through its
+own facts. The containers run with HF_HUB_OFFLINE=1: no node fetches anything on its own.
+Destroy leaves the weights in hfCache (a cache, and 120 GB).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pulumi
+
+from . import commands
+from .liveness import ModelLiveness
+from .node import SparkNode, node_command
+from .spec import ClusterSpec, NodeSpec
+
+
+@dataclass(frozen=True)
+class ModelStagingArgs:
+    spec: ClusterSpec
+    nodes: list[SparkNode]  # nodes[0] is the head: the source of every copy
+    ssh_private_key: pulumi.Input[str]  # secret: the head reaches the others with it
+    hf_token: pulumi.Input[str] | None = None  # secret
+    after: tuple[pulumi.Resource, ...] = ()
+
+
+class ModelStaging(pulumi.ComponentResource):
+    summary: pulumi.Output[dict[str, Any]]
+    done: list[pulumi.Resource]
+
+    def __init__(self, name: str, args: ModelStagingArgs,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("spark-vllm:model:ModelStaging", name, None, opts)
+        spec, nodes = args.spec, args.nodes
+        head = nodes[0]
+        rev = spec.model_revision or "main"
+        what = {"model": spec.model, "revision": rev, "hfCache": spec.hf_cache}
+        head_live = ModelLiveness(f"{name}-stage-liveness", node=head, hf_cache=spec.hf_cache,
+                                  model=spec.model, commit=rev, parent=self)
+        self.stage = node_command(
+            f"{name}-stage", self, head,
+            create=commands.stage_script(spec),
+            stdin=_secret_stdin(args.hf_token, lambda tok: commands.secret_env_file(
+                commands.MODEL_ROLE, tok, None)),
+            triggers=[{"node": head.node.name, "host": head.node.host, **what,
+                       "modelStaging": spec.model_staging},
+                      {"liveness": head_live.id}],
+            depends_on=list(args.after),
+        )
+        self.summary = self.stage.stdout.apply(lambda s: json.loads(s.strip().splitlines()[-1]))
+        staged = self.summary.apply(lambda d: {"commit": d["commit"], "manifest": d["manifest"]})
+        self.copies = []
+        for n in nodes[1:]:
+            live = ModelLiveness(f"{name}-copy-{n.node.name}-liveness", node=n,
+                                 hf_cache=spec.hf_cache, model=spec.model,
+                                 commit=self.summary.apply(lambda d: d["commit"]), parent=self)
+            self.copies.append(node_command(
+                f"{name}-copy-{n.node.name}", self, head,
+                create=self.summary.apply(functools.partial(_copy_script, spec, n.node)),
+                stdin=_secret_stdin(args.ssh_private_key, _as_is),
+                triggers=[{"node": n.node.name, "to": n.node.identity_ip, **what},
+                          {"staged": staged, "liveness": live.id}],
+                depends_on=[self.stage, n.preflight],
+            ))
+        self.done = [self.stage, *self.copies]
+        self.register_outputs({"summary": self.summary})
+
+
+def _copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, Any]) -> str:
+    return commands.copy_script(spec, node, summary)
+
+
+def _as_is(key: str | None) -> str:
+    return key or ""
+
+
+def _secret_stdin(value: pulumi.Input[str] | None, secret_part: Any) -> pulumi.Output[str]:
+    """The staging helper behind a secret (the env-file with HF_TOKEN, or the SSH key)."""
+    if value is None:
+        return pulumi.Output.from_input(commands.staging_stdin(secret_part(None)))
+    return pulumi.Output.secret(value).apply(lambda v: commands.staging_stdin(secret_part(v)))
