@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|info` (stdlib + PyYAML)."""
+"""`python -m lab up|down|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|model|info` (stdlib + PyYAML)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from lab import cluster, config, keys
+from lab import cluster, config, keys, model
 from lab.run import LabError
 
 
@@ -56,6 +56,15 @@ def _parser() -> argparse.ArgumentParser:
         b = sub.add_parser(name, help=f"{verb} all traffic between two nodes' fabric addresses")
         b.add_argument("node_a")
         b.add_argument("node_b")
+
+    mdl = sub.add_parser("model", help="generate a fake model (not real weights) in a node's HF cache")
+    mdl.add_argument("--node", default=config.node_name(1), help="default %(default)s")
+    mdl.add_argument("--repo", default=config.LAB_MODEL, help="default %(default)s")
+    mdl.add_argument("--size", type=model.parse_size, default=config.LAB_MODEL_BYTES,
+                     help="tensor bytes, e.g. 3G or 512M (default 3G)")
+    mdl.add_argument("--shards", type=int, default=config.LAB_MODEL_SHARDS, help="default %(default)s")
+    mdl.add_argument("--hf-home", default=model.DEFAULT_HF_HOME, help="default %(default)s")
+    mdl.add_argument("--owner", default=None, help="chown the model to this user (non-root SSH user)")
 
     inf = sub.add_parser("info", help="describe the running lab")
     inf.add_argument("--json", action="store_true", help="machine-readable")
@@ -110,6 +119,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.cmd == "unblock-fabric":
         cluster.unblock_fabric(args.node_a, args.node_b)
         print(f"fabric restored between {args.node_a} and {args.node_b}")
+    elif args.cmd == "model":
+        summary = model.ensure(cluster.find_node(args.node), repo=args.repo, size=args.size,
+                               shards=args.shards, hf_home=args.hf_home, owner=args.owner)
+        print(json.dumps(summary, indent=2))
     elif args.cmd == "info":
         lab = cluster.info(args.stack)
         if args.json:

@@ -1,4 +1,4 @@
-"""Bring the lab up and down: networks, node containers, keys, inner image, stack file.
+"""Bring the lab up and down: networks, node containers, keys, inner image, model, stack file.
 
 Library entry points (used by the CLI, integration tests and benchmarks):
 `up(UpOptions)`, `down()`, `info()`, `status()`, `find_node()`, `ssh_argv()`,
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab import config, egress, images, keys, nodes, stackfile
+from lab import config, egress, images, keys, model, nodes, stackfile
 from lab.config import NodeAddrs
 from lab.fabric import block_fabric as block_fabric  # re-export
 from lab.fabric import unblock_fabric as unblock_fabric
@@ -167,6 +167,10 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
     if stale:
         with p.step(f"load {inner} into {', '.join(n.name for n in stale)}"):
             nodes.load_inner_image(stale, inner)
+    # Weights for vllm-sim to check where the head runs (a generated model, not a real one);
+    # workers get theirs the way the program stages them.
+    with p.step(f"model {config.LAB_MODEL} on {want[0].name}"):
+        p.say(f"  {model.describe(model.ensure(want[0]))}")
     with p.step("stack file"):
         tp = opts.tp if opts.tp is not None else opts.nodes
         path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp, image=inner)

@@ -38,6 +38,12 @@ SIM_VLLM_VERSION = "0.33.0"
 LEGACY_SIM_VLLM_VERSION = "0.17.1"
 RAY_VERSION = "2.60.0"
 
+# The generated model `lab up` puts in node-1's HF cache (lab/model.py; NOT real weights): the
+# lab stack's model (lab/stackfile.py MODEL), small enough for the lab's disk and 2 cores.
+LAB_MODEL = "Qwen/Qwen3.5-122B-A10B-FP8"
+LAB_MODEL_BYTES = 3 * 2**30
+LAB_MODEL_SHARDS = 4
+
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
