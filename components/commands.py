@@ -479,8 +479,8 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
     ]
     digests = ""
     if spec.image_digest:  # only then: a preflight that changed would restart the chain
-        lines.append(f"digests=$(docker image inspect --format '{{{{join .RepoDigests \" \"}}}}' "
-                     f"{image} 2>/dev/null || true)")
+        lines.append(f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}"
+                     f"{{{{.}}}} {{{{end}}}}' {image} 2>/dev/null || true)")
         digests = ', "digests": "%s"'
     if spec.staged and len(spec.nodes) > 1:
         # the copy runs rsync between the head and each node, and the manifest check python3
@@ -537,7 +537,7 @@ def gate_program() -> str:
 MODEL_ROLE = "model"
 # In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the
 # head copies with) comes first; the staging helper's Python follows this line.
-MANIFEST_SEPARATOR = "#--- spark-vllm: model_manifest.py follows ---"
+MANIFEST_SEPARATOR = "#--- spark-vllm: its program follows ---"
 # rsync's --info=progress2 line: "  1,234,567  45%  123.45MB/s    0:01:23 (xfr#3, to-chk=5/20)".
 # One line per PROGRESS_EVERY_S; srand() returns the previous seed, i.e. the time of the last
 # call, in any POSIX awk (mawk has no systime()).
@@ -551,22 +551,30 @@ def model_repo_dir(spec: ClusterSpec) -> str:
     return f"{spec.hf_cache}/hub/models--{spec.model.replace('/', '--')}"
 
 
-def staging_stdin(secret_part: str) -> str:
-    """stdin of a staging command: a secret (env-file or key), then the helper's Python."""
+def staging_stdin(secret_part: str, program: str = "model_manifest.py", preamble: str = "") -> str:
+    """stdin of a staging command (or the image check): a secret (env-file or key), then the
+    Python it runs (after `preamble`, e.g. its data)."""
     if MANIFEST_SEPARATOR in secret_part:
         raise ValueError("secret contains the staging separator")
     return (secret_part if secret_part.endswith("\n") else secret_part + "\n") \
-        + MANIFEST_SEPARATOR + "\n" + script_text("model_manifest.py")
+        + MANIFEST_SEPARATOR + "\n" + preamble + script_text(program)
 
 
-def _staging_prelude(spec: ClusterSpec, node: NodeSpec, what: str, secret_file: str) -> list[str]:
+def image_check_stdin(spec: ClusterSpec, ssh_private_key: str) -> str:
+    """The image check's stdin: the key, then its program with what it asks (the payload)."""
+    return staging_stdin(ssh_private_key, "image_check.py",
+                         f"PAYLOAD = {image_check_payload(spec)!r}\n")
+
+
+def _staging_prelude(spec: ClusterSpec, node: NodeSpec, what: str, secret_file: str,
+                     env: bool = True) -> list[str]:
     """Split stdin into a 0600 secret file and the helper, in a directory removed on exit; a
     signal (Ctrl-C twice, a lost session) ends the script, and with it what it started."""
     return [
         *_prelude(spec, node, what),
         'fail() { log "FAILED: $*"; exit 1; }',
-        "command -v python3 >/dev/null 2>&1 || fail \"python3 is not installed (model staging "
-        "runs its checks with it)\"",
+        f"command -v python3 >/dev/null 2>&1 || fail \"python3 is not installed: the {what} "
+        "runs with it\"",
         "umask 077; work=$(mktemp -d)",
         "trap 'cleanup; rm -rf \"$work\"' EXIT",
         "trap 'exec >/dev/null 2>&1; exit 1' HUP INT TERM PIPE",
@@ -574,8 +582,8 @@ def _staging_prelude(spec: ClusterSpec, node: NodeSpec, what: str, secret_file: 
         "awk -v s=" + shlex.quote(MANIFEST_SEPARATOR)
         + f" -v f=\"$work\"/{secret_file} -v m=\"$work\"/m.py "
         + shlex.quote('$0 == s { f = m; next } { print > f }'),
-        f"export SPARK_VLLM_NODE={shlex.quote(node.name)}",
-        f"hf={shlex.quote(spec.hf_cache)}; repo={shlex.quote(spec.model)}",
+        *([f"export SPARK_VLLM_NODE={shlex.quote(node.name)}",
+           f"hf={shlex.quote(spec.hf_cache)}; repo={shlex.quote(spec.model)}"] if env else []),
     ]
 
 
@@ -711,44 +719,20 @@ def copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, object]) -
 # --- image consistency (image_check.py) --------------------------------------------------
 
 
-def image_problems(spec: ClusterSpec, reports: list[dict[str, str]]) -> list[str]:
-    """Why the nodes' images cannot run one cluster, or nothing: every node must hold the same
-    content under spec.image (one image id), and imageDigest, when set, must be that content
-    (its image id or one of its registry digests)."""
-    ids = {r["image_id"] for r in reports}
-    out = []
-    if len(ids) > 1:
-        out.append(f"image {spec.image} is not the same on every node (same tag, different "
-                   "content):")
-    if spec.image_digest:
-        off = [r["node"] for r in reports
-               if spec.image_digest != r["image_id"]
-               and spec.image_digest not in [d.rsplit("@", 1)[-1]
-                                             for d in r.get("digests", "").split()]]
-        if off:
-            out.append(f"imageDigest {spec.image_digest} is not what {', '.join(off)} "
-                       f"hold{'s' if len(off) == 1 else ''} as {spec.image}:")
-    if out:
-        width = max(len(r["node"]) for r in reports)
-        out.append(f"  {'node'.ljust(width)}  image id{'  registry digests' if spec.image_digest else ''}")
-        for r in reports:
-            digests = "  " + (r.get("digests") or "-") if spec.image_digest else ""
-            out.append(f"  {r['node'].ljust(width)}  {r['image_id']}{digests}")
-        out.append(f"Put one image on every node (docker pull {spec.image} on each, or docker "
-                   "save IMAGE | ssh NODE docker load), then run pulumi up again.")
-    return out
+def image_check_payload(spec: ClusterSpec) -> str:
+    """What scripts/image_check.py asks: the tag, the pin, and how the head reaches each node."""
+    return json.dumps({
+        "image": spec.image, "imageDigest": spec.image_digest,
+        "nodes": [{"name": n.name, "ip": n.identity_ip, "user": n.user, "port": n.port,
+                   "hostKey": n.host_key or ""} for n in spec.nodes]}, sort_keys=True)
 
 
-def image_check_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
-    """`create` of the image check (run on the head, after every node's preflight, before any
-    container): prints the image id, or the per-node table and fails."""
-    reports = [json.loads(r) for r in preflight_json]
-    problems = image_problems(spec, reports)
-    lines = _prelude(spec, spec.head, "image check")
-    if problems:
-        lines += [f"printf '%s\\n' {shlex.quote(p)} >&2" for p in problems] + ["exit 1"]
-    else:
-        image_id = reports[0]["image_id"]
-        lines += [f'log "{spec.image} is {image_id} on all {len(reports)} node(s)"',
-                  f"echo {shlex.quote(image_id)}"]
-    return "\n".join(lines) + "\n"
+def image_check_script(spec: ClusterSpec) -> str:
+    """`create` of the image check (on the head, after every node's preflight, before any
+    container): asks every node now which image it holds under spec.image; prints the id, or
+    the per-node table on stderr and fails. stdin: the SSH key, then the program."""
+    return "\n".join([
+        *_staging_prelude(spec, spec.head, "image check", "key", env=False),
+        'id=$(python3 "$work"/m.py "$work"/key)',
+        f'log "{spec.image} is $id on all {len(spec.nodes)} node(s)"; echo "$id"',
+    ]) + "\n"

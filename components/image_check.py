@@ -1,13 +1,18 @@
 """ImageCheck: one image, byte-identical, on every node, before any container starts.
 
 Two nodes that pulled the same tag at different times can hold different images under one
-name; Ray and vLLM then fail late and obscurely (or not at all). The preflights report each
-node's image id; this command, on the head, compares them (and `imageDigest`, when set) and
-refuses a difference with a per-node table (commands.image_problems). Every container command
-depends on it; nothing restarts because of it (it is not in any container's triggers).
+name; Ray and vLLM then fail late and obscurely (or not at all). This command, on the head,
+asks every node which image it holds now (scripts/image_check.py, over SSH with the stack's key
+to each node's identity IP), compares them (and `imageDigest`, when set) and refuses a
+difference with a per-node table. Asked at run time, not read from the preflights' reports: a
+refused run is retried once the node is fixed, and the preflights do not run again. Every
+container command depends on it; nothing restarts because of it (it is in no container's
+triggers).
 """
 
 from __future__ import annotations
+
+import json
 
 import pulumi
 
@@ -20,14 +25,21 @@ class ImageCheck(pulumi.ComponentResource):
     image_id: pulumi.Output[str]
 
     def __init__(self, name: str, spec: ClusterSpec, nodes: list[SparkNode],
+                 ssh_private_key: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:image:ImageCheck", name, None, opts)
+        reports = pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
+            lambda texts: [t.strip() for t in texts])
         self.check = node_command(
             f"{name}-check", self, nodes[0],
-            create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
-                lambda reports: commands.image_check_script(spec, [r.strip() for r in reports])),
-            triggers=[{"image": spec.image, "nodes": [n.node.name for n in nodes],
-                       **({"imageDigest": spec.image_digest} if spec.image_digest else {})}],
+            create=commands.image_check_script(spec),
+            stdin=pulumi.Output.secret(ssh_private_key).apply(
+                lambda key: commands.image_check_stdin(spec, key)),
+            # what a reviewer reads: the image id each node reported
+            triggers=[{"image": spec.image,
+                       **({"imageDigest": spec.image_digest} if spec.image_digest else {}),
+                       "imageIds": reports.apply(lambda r: {
+                           json.loads(t)["node"]: json.loads(t)["image_id"] for t in r})}],
             depends_on=[n.preflight for n in nodes],
         )
         self.image_id = self.check.stdout.apply(lambda s: s.strip())

@@ -95,7 +95,8 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         for n in spec.nodes
     ]
     # before any container: one image everywhere, then the weights on every node
-    before: list[pulumi.Resource] = [ImageCheck("image", spec, nodes).check]
+    before: list[pulumi.Resource] = [
+        ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key).check]
     staging = None
     if spec.staged:
         staging = ModelStaging("model", ModelStagingArgs(

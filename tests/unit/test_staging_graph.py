@@ -1,0 +1,202 @@
+"""The staging and image check in the graph (under mocks): where they sit in the order, what
+reaches a node's stdin (secrets wrapped), what a diff shows, and what restarts for them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from components import commands as c
+from tests.unit.harness import (
+    CMD,
+    HF_TOKEN,
+    IMAGE_ID,
+    SECRET_SIG,
+    SSH_KEY,
+    STAGED,
+    lab_nodes,
+    run,
+    spec_from,
+)
+
+CONTAINERS = ("ray-head", "vllm-serve")
+
+
+def graph(n: int = 2, **top: object):  # type: ignore[no-untyped-def]
+    return run(spec_from(lab_nodes(n), **top))
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+def test_image_check_then_staging_then_every_container(n: int) -> None:
+    g = graph(n)
+    check, stage = g["image-check"], g["model-stage"]
+    copies = [g[f"model-copy-node-{i}"] for i in range(2, n + 1)]
+    assert {g[f"node-{i}-preflight"].urn for i in range(1, n + 1)} <= set(check.dependencies)
+    assert check.urn in stage.dependencies
+    for i, copy in enumerate(copies, start=2):
+        assert stage.urn in copy.dependencies
+        assert g[f"node-{i}-preflight"].urn in copy.dependencies
+    containers = ["ray-head", *(f"ray-worker-node-{i}" for i in range(2, n + 1))]
+    for name in containers:
+        assert {check.urn, stage.urn, *(x.urn for x in copies)} <= set(g[name].dependencies)
+        # ordering only: staging again (a shard re-copied) restarts no container
+        linked = {u for deps in g[name].property_dependencies.values() for u in deps}
+        assert not linked & {check.urn, stage.urn, *(x.urn for x in copies)}, name
+
+
+def test_copies_carry_the_key_wrapped_and_name_what_they_copy() -> None:
+    g = graph(2)
+    copy = g["model-copy-node-2"]
+    assert copy.inputs["stdin"][SECRET_SIG]
+    key, helper = copy.plain("stdin").split(c.MANIFEST_SEPARATOR + "\n")
+    assert key.strip() == SSH_KEY and helper == c.script_text("model_manifest.py")
+    facts, links = copy.plain("triggers")
+    assert facts == {"node": "node-2", "to": "192.168.231.12", "model": "org/model",
+                     "revision": "main", "hfCache": "/root/.cache/huggingface"}
+    assert links == {"staged": {"commit": STAGED["commit"], "manifest": STAGED["manifest"]},
+                     "liveness": "model-copy-node-2-liveness-id"}
+    # the copy goes to the node's fabric identity, from the head
+    assert "dest=root@192.168.231.12" in copy.plain("create")
+    assert copy.plain("connection")["host"] == "10.231.0.11"
+    live = g["model-copy-node-2-liveness"]
+    assert (live.plain("node"), live.plain("commit"), live.plain("state")) == (
+        "node-2", STAGED["commit"], "complete")
+    stage = g["model-stage"]
+    assert f"HF_TOKEN={HF_TOKEN}" in stage.plain("stdin") and stage.inputs["stdin"][SECRET_SIG]
+    assert g["model-stage-liveness"].plain("commit") == "main"  # the head's check reads refs/
+
+
+def test_staged_containers_run_offline_and_unstaged_ones_as_before() -> None:
+    staged = graph(2)
+    assert staged["ray-worker-node-2"].plain("triggers")[0]["env"]["HF_HUB_OFFLINE"] == "1"
+    plain = graph(2, modelStaging="none")
+    assert not any(name.startswith("model-") for name in plain)
+    assert "HF_HUB_OFFLINE" not in plain["ray-worker-node-2"].plain("triggers")[0]["env"]
+    assert "image-check" in plain  # one image everywhere is checked either way
+    # a user's own HF_HUB_OFFLINE is theirs only while the program does not stage
+    assert graph(2, modelStaging="none", env={"HF_HUB_OFFLINE": "1"})
+
+
+def test_a_revision_reaches_vllm_and_its_diff() -> None:
+    g = graph(2, modelRevision="v2.1")
+    serve = g["vllm-serve"]
+    assert serve.plain("triggers")[0]["modelRevision"] == "v2.1"
+    assert "--revision v2.1" in serve.plain("create")
+    assert g["model-stage"].plain("triggers")[0]["revision"] == "v2.1"
+    assert "modelRevision" not in graph(2)["vllm-serve"].plain("triggers")[0]
+
+
+def test_image_check_shows_the_ids_the_preflights_saw_and_asks_the_nodes_itself() -> None:
+    g = graph(2, imageDigest=IMAGE_ID)
+    check = g["image-check"]
+    assert check.plain("triggers") == [{"image": "vllm/image:1", "imageDigest": IMAGE_ID,
+                                        "imageIds": {"node-1": IMAGE_ID, "node-2": IMAGE_ID}}]
+    key, program = check.plain("stdin").split(c.MANIFEST_SEPARATOR + "\n")
+    assert key.strip() == SSH_KEY and check.inputs["stdin"][SECRET_SIG]
+    assert program == f"PAYLOAD = {c.image_check_payload(spec_from(lab_nodes(2), imageDigest=IMAGE_ID))!r}\n" + c.script_text("image_check.py")
+    assert json.loads(c.image_check_payload(spec_from(lab_nodes(2))))["nodes"][1] == {
+        "name": "node-2", "ip": "192.168.231.12", "user": "root", "port": 22, "hostKey": ""}
+    # a pinned digest restarts the containers when it changes (the content changed)
+    assert g["ray-head"].plain("triggers")[0]["imageDigest"] == IMAGE_ID
+    assert "imageDigest" not in graph(2)["ray-head"].plain("triggers")[0]
+
+
+A, B, C = ("sha256:" + x * 64 for x in "abc")
+# docker on the head and on each node (by the address ssh is given), as the check asks them
+FAKE_SSH = """#!/bin/sh
+for a; do last=$a; done
+for a; do case "$a" in *@*) dest=${a#*@} ;; esac; done
+case "$dest" in
+  192.168.231.12) [ -n "$NODE2" ] && echo "$NODE2" || { echo "docker: no such image" >&2; exit 1; } ;;
+  192.168.231.13) echo "$NODE3" ;;
+  *) echo "ssh: connect to host $dest port 22: No route to host" >&2; exit 255 ;;
+esac
+"""
+
+
+def _verdict(tmp_path, ids: list[str], **top: object) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "docker").write_text('#!/bin/sh\necho "$NODE1"\n')
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    spec = spec_from(lab_nodes(len(ids)), **top)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
+           **{f"NODE{i}": v for i, v in enumerate(ids, start=1)}}
+    return subprocess.run(["sh", "-c", c.image_check_script(spec)], capture_output=True,
+                          text=True, input=c.image_check_stdin(spec, SSH_KEY), env=env,
+                          timeout=30)
+
+
+def test_one_image_everywhere_passes_with_its_id(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = _verdict(tmp_path, [A, A])
+    assert (out.returncode, out.stdout) == (0, A + "\n"), out.stderr
+    assert "vllm/image:1 is " + A + " on all 2 node(s)" in out.stderr
+
+
+def test_one_tag_two_contents_is_refused_with_a_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = _verdict(tmp_path, [A, B, A], tensorParallelSize=3)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.splitlines()[:5] == [
+        "image vllm/image:1 is not the same on every node (same tag, different content):",
+        "  node    image id", f"  node-1  {A}", f"  node-2  {B}", f"  node-3  {A}"]
+    # the key was only ever in a 0600 file that is gone
+    assert SSH_KEY not in out.stderr and not list(tmp_path.glob("tmp*"))
+
+
+def test_a_node_without_the_image_is_in_the_table(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = _verdict(tmp_path, [A, ""])
+    assert out.returncode == 1
+    assert "  node-2  missing  docker: no such image" in out.stderr.splitlines()
+
+
+@pytest.mark.parametrize("digest, refused", [
+    (A, None),  # the image id itself
+    (C, None),  # a registry digest of it
+    (B, "imageDigest " + B + " is not what node-1, node-2 hold as vllm/image:1:"),
+])
+def test_image_digest_pins_the_content(tmp_path, digest: str, refused: str | None) -> None:  # type: ignore[no-untyped-def]
+    held = f"{A} reg/vllm@{C}"
+    out = _verdict(tmp_path, [held, held], imageDigest=digest)
+    if refused is None:
+        assert (out.returncode, out.stdout) == (0, A + "\n"), out.stderr
+    else:
+        assert out.returncode == 1 and out.stderr.splitlines()[0] == refused
+        assert f"  node-1  {A}  reg/vllm@{C}" in out.stderr
+
+
+def test_image_digest_must_be_a_digest() -> None:
+    from components.spec import SpecError, parse_spec
+    with pytest.raises(SpecError, match="imageDigest: String should match pattern"):
+        parse_spec({**_raw(), "imageDigest": "latest"}, "s", frozenset({"sshPrivateKey"}))
+
+
+def _raw() -> dict[str, object]:
+    return {"nodes": lab_nodes(2), "image": "i", "model": "org/m", "tensorParallelSize": 2}
+
+
+def test_staging_needs_a_repo_id_and_owns_hf_hub_offline() -> None:
+    from components.spec import SpecError, parse_spec
+    with pytest.raises(SpecError) as err:
+        parse_spec({**_raw(), "model": "/models/qwen", "env": {"HF_HUB_OFFLINE": "1"}}, "s",
+                   frozenset({"sshPrivateKey"}))
+    assert err.value.problems == [
+        "env.HF_HUB_OFFLINE: set by the program while modelStaging is download; remove it from "
+        "env (or set modelStaging: none)",
+        "model: '/models/qwen' is not a Hugging Face repo id (org/name); modelStaging download "
+        "stages repos into hfCache: set modelStaging: none for a path or a model the nodes "
+        "already have"]
+    parse_spec({**_raw(), "model": "/models/qwen", "modelStaging": "none"}, "s",
+               frozenset({"sshPrivateKey"}))
+    with pytest.raises(SpecError, match=r"vllmArgs\[0\]: --revision is set by the program from "
+                                        "modelRevision"):
+        parse_spec({**_raw(), "vllmArgs": ["--revision=abc"]}, "s", frozenset({"sshPrivateKey"}))
+
+
+def test_every_staging_command_is_replaced_never_mutated() -> None:
+    for name, r in graph(4, tensorParallelSize=2, pipelineParallelSize=2).items():
+        if r.type == CMD and (name.startswith("model-") or name == "image-check"):
+            assert r.delete_before_replace and "*" in r.replace_on_changes, name
