@@ -124,9 +124,10 @@ def small_files(repo: str, size: int, shards: int,
             if tensor != "__metadata__":
                 weight_map[tensor] = name
     index = {"metadata": {"total_size": size}, "weight_map": weight_map}
-    tokenizer = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-                 "normalizer": None, "pre_tokenizer": {"type": "ByteLevel"},
-                 "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0}, "merges": []}}
+    tokenizer: dict[str, object] = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": None, "pre_tokenizer": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0}, "merges": []}}
     tokenizer_config = {"model_max_length": 262144, "eos_token": "<|endoftext|>",
                         "tokenizer_class": "Qwen2Tokenizer", "_spark_vllm_lab": LAB_MARK}
     generation = {"bos_token_id": 151643, "eos_token_id": [151645, 151643],

@@ -14,6 +14,7 @@ import signal
 import socket
 import sys
 import time
+import traceback
 from typing import Any
 
 from vllm_sim import BANNER, is_v2, simulated_version
@@ -58,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", nargs="+", default=None)
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--revision", default=None)
+    serve.add_argument("--download-dir", default=None)
     # vLLM has had --middleware (append) since 0.4; the lab's program uses it in both modes
     serve.add_argument("--middleware", action="append", default=[])
     return parser
@@ -116,7 +119,6 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
     model = args.model_tag or args.model
     if not model:
         parser.error("a model is required: vllm serve MODEL")
-    served_name = (args.served_model_name or [model])[0]
     if v2:
         # vllm/entrypoints/serve/middleware/register.py:32-36: --api-key (one or more) wins
         # over VLLM_API_KEY; empty keys are dropped.
@@ -152,6 +154,20 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
         return 1
 
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from vllm_sim import weights
+
+    try:
+        # The API server's engine args and config, before the engine starts; vLLM does not
+        # catch what fails here (engine/arg_utils.py:933-947, transformers_utils/config.py:879).
+        model = weights.resolve_model(model, args.revision)
+        weights.check_config(model, args.revision)
+    except Exception:
+        traceback.print_exc()
+        sock.close()
+        return 1
+    # vllm/config/model.py:600-602: the name defaults to the model after offline resolution
+    served_name = (args.served_model_name or [model])[0]
+    source = weights.ModelSource(model, args.revision, args.download_dir)
     executor: Any = None
     rank_ips = [get_ip()]
     load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", DEFAULT_LOAD_SECONDS))
@@ -169,7 +185,7 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
             if v2:
                 from vllm_sim.ray_executor_v2 import RayExecutorV2Sim
 
-                executor = RayExecutorV2Sim(pc, load_s)
+                executor = RayExecutorV2Sim(pc, load_s, source)
             else:
                 from vllm_sim.ray_executor import init_workers_ray
                 from vllm_sim.ray_utils import initialize_ray_cluster
@@ -186,12 +202,28 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
     if not (v2 and executor is not None):  # in V2 the ranks load the weights
         logger.info("Loading weights (simulated)... %s", model)
         t0 = time.time()
+        try:
+            weights.load_weights(source, progress=True, where=f"the engine on {get_ip()} "
+                                 f"({socket.gethostname()})")
+        except Exception:
+            logger.exception("EngineCore failed to start.")
+            _shutdown_ray(executor)
+            sock.close()
+            return 1
         time.sleep(load_s)
         logger.info(
             "Model loading took 0.0000 GiB and %.2f seconds (simulated)", time.time() - t0
         )
 
     return _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, v2)
+
+
+def _shutdown_ray(executor: Any) -> None:
+    if executor is not None:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 def _max_model_len(value: Any) -> int | None:

@@ -32,11 +32,12 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from vllm_sim.logger import init_logger
+from vllm_sim.logger import configure_logging, init_logger
 from vllm_sim.ray_env import WORKER_SPECIFIC_ENV_VARS, env_report, get_driver_env_vars
 from vllm_sim.ray_executor import RankInfo
 from vllm_sim.ray_utils import ParallelConfig, get_bundles_sorted_by_node, initialize_ray_cluster_v2
 from vllm_sim.shm_broadcast import Handle, MessageQueue
+from vllm_sim.weights import Loaded, ModelSource, load_weights
 
 logger = init_logger(__name__)
 
@@ -50,6 +51,7 @@ class RayWorkerProc:
     """Stands in for vLLM's RayWorkerProc actor (ray_executor_v2.py:79-236)."""
 
     def __init__(self, rank: int, input_handle: Handle, is_driver_node: bool) -> None:
+        configure_logging()  # vLLM's workers log in the same shape; Ray forwards the lines
         # The rank process's own environment: what the node's `ray start` had (plus Ray's).
         self.own_env = dict(os.environ)
         self.rank = rank
@@ -80,14 +82,19 @@ class RayWorkerProc:
         distributed_init_method: str,
         driver_env_vars: dict[str, str] | None,
         load_seconds: float,
-    ) -> None:
+        source: ModelSource,
+    ) -> Loaded | None:
         for key, value in (driver_env_vars or {}).items():
             os.environ.setdefault(key, value)  # :173-175: never overwrites node-local values
         for key, value in env_vars.items():
             os.environ[key] = value
         self.local_rank = local_rank
         self.distributed_init_method = distributed_init_method
-        time.sleep(load_seconds)  # weights are loaded by the ranks in V2
+        # :186-190 -> WorkerProc.__init__: each rank loads the weights from its own node's disk
+        # (the shard bar on rank 0 only, weight_utils.py:845-848).
+        where = f"rank {self.rank} on {ray.util.get_node_ip_address()} ({socket.gethostname()})"
+        loaded = load_weights(source, progress=self.rank == 0, where=where)
+        time.sleep(load_seconds)
         # :193-212
         self.rpc_broadcast_mq = MessageQueue.create_from_handle(self.input_handle, self.rank)
         self.worker_response_mq = MessageQueue(
@@ -95,6 +102,7 @@ class RayWorkerProc:
             n_local_reader=1 if self.is_driver_node else 0,
             connect_ip=ray.util.get_node_ip_address(),
         )
+        return loaded
 
     def wait_for_init(self) -> dict[str, Any]:
         assert self.worker_response_mq is not None
@@ -133,8 +141,24 @@ def _actor_name(instance_id: str, rank: int, pc: ParallelConfig) -> str:
     return name
 
 
+def _log_loaded(loaded: list[Loaded | None]) -> None:
+    checked = [(r, w) for r, w in enumerate(loaded) if w is not None]
+    if checked:
+        logger.info(
+            "Weights checked on rank(s) %s: %s (simulated: headers and sizes only)",
+            [r for r, _ in checked],
+            "; ".join(dict.fromkeys(
+                f"{w.files} files, {w.tensors} tensors, {w.bytes / 1024**3:.2f} GiB"
+                for _, w in checked)),
+        )
+    absent = [r for r, w in enumerate(loaded) if w is None]
+    if absent:
+        logger.info("Weights not cached on rank(s) %s: a real vLLM would have downloaded them.",
+                    absent)
+
+
 class RayExecutorV2Sim:
-    def __init__(self, pc: ParallelConfig, load_seconds: float) -> None:
+    def __init__(self, pc: ParallelConfig, load_seconds: float, source: ModelSource) -> None:
         self.pc = pc
         self.is_failed = False
         self.shutting_down = False
@@ -146,12 +170,12 @@ class RayExecutorV2Sim:
         self.rpc_broadcast_mq: MessageQueue | None = None
         self.response_mqs: list[MessageQueue] = []
         try:
-            self._init_executor(load_seconds)
+            self._init_executor(load_seconds, source)
         except BaseException:  # incl. SIGTERM (SystemExit) while blocked in the barrier
             self.shutdown()
             raise
 
-    def _init_executor(self, load_seconds: float) -> None:
+    def _init_executor(self, load_seconds: float, source: ModelSource) -> None:
         pc = self.pc
         placement_group = initialize_ray_cluster_v2(pc)
         assignments = get_bundles_sorted_by_node(placement_group)
@@ -193,9 +217,10 @@ class RayExecutorV2Sim:
             node_workers[node_id].append(i)
         init_method = ray.get(self.handles[0].create_dist_init_method.remote())
 
-        logger.info("Loading weights (simulated) on %d rank(s)...", len(self.handles))
+        logger.info("Loading weights (simulated) on %d rank(s)... %s", len(self.handles),
+                    source.model)
         t0 = time.time()
-        ray.get(
+        loaded: list[Loaded | None] = ray.get(
             [
                 a.initialize_worker.remote(
                     node_workers[node_and_gpus[i][0]].index(i),
@@ -203,10 +228,12 @@ class RayExecutorV2Sim:
                     init_method,
                     driver_env_vars,
                     load_seconds,
+                    source,
                 )
                 for i, a in enumerate(self.handles)
             ]
         )
+        _log_loaded(loaded)
         logger.info(
             "Model loading took 0.0000 GiB and %.2f seconds (simulated)", time.time() - t0
         )
