@@ -538,13 +538,6 @@ MODEL_ROLE = "model"
 # In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the
 # head copies with) comes first; the staging helper's Python follows this line.
 MANIFEST_SEPARATOR = "#--- spark-vllm: its program follows ---"
-# rsync's --info=progress2 line: "  1,234,567  45%  123.45MB/s    0:01:23 (xfr#3, to-chk=5/20)".
-# One line per PROGRESS_EVERY_S; srand() returns the previous seed, i.e. the time of the last
-# call, in any POSIX awk (mawk has no systime()).
-_RSYNC_PROGRESS_AWK = (
-    'BEGIN { srand(); last = srand() } '
-    '$2 ~ /%$/ { now = srand(); if (now - last >= EVERY) { last = now; '
-    'printf "[spark-vllm] %s: copied %s bytes (%s) to %s, %s, %s left\\n", HEAD, $1, $2, TO, $3, $4 } }')
 
 
 def model_repo_dir(spec: ClusterSpec) -> str:
@@ -698,20 +691,23 @@ def copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, object]) -
         f'model needs $(($1 / 1000000)) MB more there (hfCache {spec.hf_cache})"; fi',
         f'log "copying $(($1 / 1000000)) MB of $repo to {to}"',
         "start=$(date +%s)",
-        '{ rsync -a -s --partial --append-verify --no-inc-recursive --info=progress2 '
+        '{ rsync -a -s --partial --append-verify --no-inc-recursive --info=progress2 --stats '
+        # unbuffered: progress updates end in \r, and a pipe would hold them until the end
+        '--outbuf=N '
         '-e "ssh $ssh_opts" --files-from="$work"/files "$hf"/ "$dest:$hf"/ 2> "$work"/rsync.err; '
-        'echo $? > "$work"/rc; } | tr "\\r" "\\n" | awk -v EVERY='
-        f"{PROGRESS_EVERY_S} -v HEAD={shlex.quote(head.name)} -v TO={shlex.quote(node.name)} "
-        + shlex.quote(_RSYNC_PROGRESS_AWK) + " >&2",
+        # progress every 10 s and the bytes sent (--stats), read by the helper (scripts/)
+        'echo $? > "$work"/rc; } | python3 "$work"/m.py progress '
+        + shlex.quote(f"copying to {node.name}") + ' "$work"/sent',
         'rc=$(cat "$work"/rc)',
         'if [ "$rc" != 0 ]; then sed "s/^/    | /" "$work"/rsync.err >&2; '
         f'fail "rsync to {to} failed (exit $rc)"; fi',
         'state=$(on_helper check) || fail "cannot check the copy on ' + node.name + '"',
         f'[ "$state" = complete ] || fail "after the copy, {node.name} has: $state"',
         "secs=$(( $(date +%s) - start ))",
-        f'log "ready: {node.name} has $repo at $commit ($1 bytes copied in $secs s)"',
-        f"""printf '{{"node": "%s", "copied": %s, "seconds": %s, "manifest": "%s"}}\\n' """
-        f'{shlex.quote(node.name)} "$1" "$secs" {shlex.quote(str(summary["manifest"]))}',
+        'sent=$(cat "$work"/sent 2>/dev/null || echo 0)',
+        f'log "ready: {node.name} has $repo at $commit ($sent bytes sent in $secs s)"',
+        f"""printf '{{"node": "%s", "missing": %s, "sent": %s, "seconds": %s, "manifest": "%s"}}\\n' """
+        f'{shlex.quote(node.name)} "$1" "$sent" "$secs" {shlex.quote(str(summary["manifest"]))}',
     ]
     return "\n".join(lines) + "\n"
 

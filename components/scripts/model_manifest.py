@@ -249,7 +249,30 @@ def download(hf: str, repo: str, rev: str) -> None:  # pragma: no cover - runs i
     print("done", flush=True)
 
 
+def progress(what: str, sent_file: str) -> None:
+    """Filter rsync's --info=progress2 --stats output (stdin): one line every PROGRESS_EVERY_S
+    on stderr, "copied 1,234,567 bytes (45%) …", and the bytes that crossed the link into
+    `sent_file`. Read unbuffered: the updates end in \r, and awk or tr would hold them back."""
+    last = time.monotonic()
+    pending = b""
+    while chunk := os.read(0, 65536):
+        pending += chunk
+        *records, pending = re.split(rb"[\r\n]", pending)
+        for rec in records:
+            fields = rec.decode(errors="replace").split()
+            if len(fields) >= 4 and fields[1].endswith("%"):
+                now = time.monotonic()
+                if now - last >= PROGRESS_EVERY_S:
+                    last = now
+                    log(f"{what}: {fields[0]} bytes ({fields[1]}), {fields[2]}, {fields[3]} left")
+            elif rec.startswith(b"Total bytes sent:"):
+                _write_text(sent_file, fields[3].replace(",", "") + "\n")
+
+
 def main(argv: list[str]) -> int:
+    if argv[1] == "progress":
+        progress(argv[2], argv[3])
+        return 0
     mode, hf, repo, rev = argv[1], argv[2], argv[3], argv[4]
     try:
         if mode == "build":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,29 @@ def test_files_lists_what_rsync_copies_relative_to_the_cache(tmp_path: Path) -> 
     assert len([f for f in files if "/snapshots/" in f]) == 5
     # every listed path exists: rsync --files-from would fail on one that does not
     assert all((tmp_path / f).exists() for f in files)
+
+
+def test_progress_reads_rsync_unbuffered_and_keeps_the_bytes_sent(tmp_path: Path) -> None:
+    """rsync's --info=progress2 updates end in \\r: the filter must see each as it comes (a
+    pipe through awk or tr held them all until rsync ended: no progress during a 120 GB copy)."""
+    sent = tmp_path / "sent"
+    feeder = ("import sys, time\n"
+              "for i in range(1, 5):\n"
+              "    sys.stdout.write(f'\\r  {i},000,000  {25 * i}%  1.00MB/s    0:00:0{4 - i}')\n"
+              "    sys.stdout.flush(); time.sleep(0.4)\n"
+              "print('\\n\\nNumber of files: 9\\nTotal bytes sent: 4,000,123\\nTotal bytes received: 9')\n")
+    program = script_text("model_manifest.py").replace("PROGRESS_EVERY_S = 10",
+                                                       "PROGRESS_EVERY_S = 0.3")
+    proc = subprocess.run(
+        ["sh", "-c", f'{sys.executable} -c "$FEED" | {sys.executable} -c "$PROG" progress '
+                     f'"copying to node-2" {sent} 2>&1 | while IFS= read -r l; do '
+                     'echo "$(date +%s.%N) $l"; done'],
+        env={"FEED": feeder, "PROG": program, "SPARK_VLLM_NODE": "node-1", "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, timeout=30)
+    lines = proc.stdout.splitlines()
+    assert len(lines) >= 2, proc
+    assert re.fullmatch(r"\[spark-vllm\] node-1: model: copying to node-2: \d,000,000 bytes "
+                        r"\(\d+%\), 1.00MB/s, 0:00:0\d left", lines[0].split(" ", 1)[1])
+    stamps = [float(ln.split()[0]) for ln in lines]
+    assert stamps[-1] - stamps[0] > 0.3  # they came while the copy ran, not all at its end
+    assert sent.read_text() == "4000123\n"
