@@ -32,6 +32,13 @@ def labels(n: NodeAddrs) -> dict[str, str]:
     }
 
 
+HF_HOME = "/root/.cache/huggingface"  # the lab stack's hfCache
+
+
+def hf_volume_name(index: int) -> str:
+    return f"{config.volume_name(index)}-hf"
+
+
 def create_node_argv(n: NodeAddrs, image: str) -> list[str]:
     """`docker create` of one node: --privileged emulated, since plain --privileged fails on
     this VM ("unable to apply caps": root lacks CAP_SYS_RESOURCE; LAB-NOTES "Nodes")."""
@@ -46,6 +53,9 @@ def create_node_argv(n: NodeAddrs, image: str) -> list[str]:
         # The inner overlay2 needs a non-overlay /var/lib/docker; a named volume also keeps
         # loaded images across lab restarts.
         "-v", f"{config.volume_name(n.index)}:/var/lib/docker",
+        # The model cache, as a Spark keeps it across reinstalls: a node recreated between test
+        # modules (`down --keep-volumes`) still holds the weights it was given.
+        "-v", f"{hf_volume_name(n.index)}:{HF_HOME}",
         "-e", f"LAB_FABRIC_IP={n.fabric_ip}",
         "-e", f"LAB_FABRIC_SPARE_IP={n.spare_ip}",
         "-e", f"LAB_FABRIC_IFNAME={config.FABRIC_IFNAME}",
@@ -72,7 +82,8 @@ def _node_is_current(state: dict[str, Any], n: NodeAddrs, image: str) -> bool:
 def remove_node(index: int, keep_volume: bool = False) -> None:
     docker("rm", "-f", "-v", config.container_name(index), check=False)
     if not keep_volume:
-        docker("volume", "rm", "-f", config.volume_name(index), check=False)
+        docker("volume", "rm", "-f", config.volume_name(index), hf_volume_name(index),
+               check=False)
 
 
 def start_node(n: NodeAddrs, image: str) -> str:
@@ -85,7 +96,8 @@ def start_node(n: NodeAddrs, image: str) -> str:
     else:
         action = "created"
     if state is None:
-        docker("volume", "create", "--label", f"{config.LABEL}=1", config.volume_name(n.index))
+        for volume in (config.volume_name(n.index), hf_volume_name(n.index)):
+            docker("volume", "create", "--label", f"{config.LABEL}=1", volume)
         run(create_node_argv(n, image))
         docker("cp", f"{keys.node_dir(n.name)}/.", f"{n.container}:/lab/ssh")
         docker("network", "connect", "--ip", n.fabric_ip, config.FABRIC_NET, n.container)

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
-from lab import cluster, keys
+from lab import cluster, keys, model
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import (
     REPO,
@@ -84,6 +84,8 @@ def lab(lab2: Lab) -> Iterator[Lab]:
     for i in range(len(NODES)):
         lab2.set(f"nodes[{i}].user", USER, path=True)
     lab2.set("hfCache", f"/home/{USER}/.cache/huggingface")
+    # the model where aurora keeps it (the lab made it under /root for the root stacks)
+    model.ensure(cluster.info().nodes[0], hf_home=f"/home/{USER}/.cache/huggingface", owner=USER)
     lab2.stack.set_config("spark-vllm:hfToken", auto.ConfigValue(HF_TOKEN, secret=True))
     yield lab2
     lab2.stack.remove_config("spark-vllm:hfToken")  # `lab up` keeps secrets for later modules
