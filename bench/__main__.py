@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import machine, preview_scale, report, scenarios
+from bench import machine, preview_scale, report, scenarios, staging
 from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
     ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
-    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview"],
+    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging"],
                     help="one scenario (its prerequisite steps run untimed-in-the-report)")
     ap.add_argument("--contenders", default=",".join(CHOICES),
                     help="comma-separated subset of %(default)s")
@@ -57,7 +57,7 @@ def _contenders(names: list[str], lab: Lab) -> list[Contender]:
 
 
 def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[dict[str, Any]],
-               save: Any) -> None:
+               save: Any, staged: list[dict[str, Any]]) -> None:
     lab = lab_up(n)
     foreign = sorted({f"{node}/{name}" for node, st in snapshot(lab).items()
                       for name in st.names.values() if not name.startswith(OURS)})
@@ -69,7 +69,7 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
     try:
         for r in range(1, args.runs + 1):
             say(f"{n} nodes, run {r}/{args.runs}")
-            if args.only != scenarios.JOIN:
+            if args.only not in (scenarios.JOIN, "staging"):
                 for c in contenders:
                     runs += scenarios.lifecycle(c, lab, r, args.only)
                     save()
@@ -77,6 +77,11 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
                 for c in contenders:
                     runs.append(scenarios.join_failure(c, lab, r, args.join_cap))
                     save()
+        sv = next((c for c in contenders if isinstance(c, SparkVllm)), None)
+        if args.only in (None, "staging") and len(lab.nodes) == 2 and sv is not None:
+            say(f"model staging against plain rsync, {args.runs} run(s) each")
+            staged += staging.run_all(sv, lab, args.runs)
+            save()
     finally:
         cluster.unblock_fabric(lab.nodes[0].name, lab.nodes[1].name)
         for c in contenders:
@@ -123,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                    "stack": STACK},
         "runs": [],
         "preview": [],
+        "staging": [],
     }
 
     def save() -> None:
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.only != "preview":
             for n in sizes:
-                _bench_lab(n, names, args, result["runs"], save)
+                _bench_lab(n, names, args, result["runs"], save, result["staging"])
         if not args.no_preview and args.only in (None, "preview") and "spark-vllm" in names:
             say("pulumi preview: 2, 8, 32 nodes")
             result["preview"] = preview_scale.run_all(args.runs)

@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench import staging
 from bench.scenarios import SCENARIOS
 from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
 from components.spec import DEFAULT_RAY_TIMEOUT_S
@@ -62,8 +63,9 @@ def markdown(result: dict[str, Any]) -> str:
     for t in targets(runs, preview, cap):
         mark = "–" if t.met is None else ("met" if t.met else "**missed**")
         lines.append(f"| {t.name} | {t.measured} | {mark} |")
-    lines += ["", *preview_table(preview), *profile_section(runs)]
-    failures = [r for r in runs if not r["ok"]]
+    lines += ["", *staging.table(result.get("staging", [])), *preview_table(preview),
+              *profile_section(runs)]
+    failures = [r for r in [*runs, *result.get("staging", [])] if not r["ok"]]
     if failures:
         lines += ["## Failed runs", ""]
         for r in failures:

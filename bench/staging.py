@@ -1,0 +1,145 @@
+"""Model staging throughput against a plain `rsync` of the same directory between the same two
+lab nodes, side by side in one run (interleaved, the order alternating per run).
+
+- spark-vllm: node-2's copy is wiped, then `pulumi up --refresh` (its refresh sees the copy gone
+  and re-runs only the copy command). Timed: the copy command's step as the engine reports it
+  (its --json events, stamped on arrival): SSH session, manifest, free-space check, rsync over
+  the fabric, the check of node-2's copy against the manifest.
+- rsync: on node-1, `rsync -a` of the model's repo dir in the HF cache to node-2's fabric IP over
+  SSH, the same key and cipher defaults, into a scratch dir wiped first. Timed on node-1 around
+  the rsync alone.
+Both move the same bytes (the blobs; the snapshot's symlinks and refs are a few hundred bytes).
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+from typing import Any
+
+from bench import profile
+from bench.common import STACK, Lab, say, ssh
+from bench.contenders.spark_vllm import SparkVllm
+from lab import keys
+from lab.config import LAB_MODEL
+
+HF = "/root/.cache/huggingface"
+REPO_DIR = f"{HF}/hub/models--{LAB_MODEL.replace('/', '--')}"
+COPY = "model-copy-node-2"
+PLAIN_DST = "/root/bench-plain-rsync"
+
+
+def _bytes(lab: Lab) -> int:
+    res = ssh(lab.head, f"du -sbL {REPO_DIR}/blobs | cut -f1")
+    return int(res.out.strip())
+
+
+def _spark_vllm(c: SparkVllm, lab: Lab) -> tuple[float | None, str]:
+    ssh(lab.nodes[1], f"rm -rf {HF}/hub {HF}/spark-vllm")
+    res, lines = profile.run_stamped(
+        ["pulumi", "up", "--yes", "--skip-preview", "--json", "--refresh", "--stack", STACK],
+        timeout=900, env=c.env, log=c.log)
+    steps = profile.summarize(lines, res.seconds)["steps"]
+    step = next((s for k, s in steps.items() if k.endswith(f" {COPY}") and "create" in k), None)
+    if not res.ok or step is None:
+        return None, res.tail() if not res.ok else f"no copy step in {sorted(steps)}"
+    return step["s"], ""
+
+
+def _plain(lab: Lab) -> tuple[float | None, str]:
+    dst = lab.nodes[1]
+    ssh(dst, f"rm -rf {PLAIN_DST}")
+    rsh = ("ssh -i $k -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no "
+           "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
+    script = "\n".join([
+        "set -e; k=$(mktemp); trap 'rm -f $k' EXIT; chmod 600 $k",
+        f"printf '%s' {shlex.quote(keys.client_key().read_text())} > $k",
+        "t0=$(date +%s.%N)",
+        f'rsync -a -e "{rsh}" {REPO_DIR}/ root@{dst.fabric_ip}:{PLAIN_DST}/',
+        "t1=$(date +%s.%N)",
+        'echo "$t0 $t1" | awk \'{printf "%.3f\\n", $2 - $1}\'',
+    ])
+    res = ssh(lab.head, script, timeout=900)
+    ssh(dst, f"rm -rf {PLAIN_DST}")
+    if not res.ok:
+        return None, res.tail()
+    return float(res.out.strip().splitlines()[-1]), ""
+
+
+def _staging_mode(c: SparkVllm, mode: str) -> None:
+    res = c._pulumi("config", "set", "--stack", STACK, "spark-vllm:modelStaging", mode)
+    if not res.ok:
+        raise RuntimeError(f"pulumi config set modelStaging: {res.tail()}")
+
+
+def noop_runs(c: SparkVllm, runs: int) -> list[dict[str, Any]]:
+    """A no-op `pulumi up` with modelStaging download against none, interleaved: what the
+    staging's resources (image check, stage, copy, their refresh-time companions) cost a
+    re-apply that changes nothing. Each mode is converged (untimed) before its timed no-op."""
+    records = []
+    for r in range(1, runs + 1):
+        for mode in (("download", "none") if r % 2 else ("none", "download")):
+            _staging_mode(c, mode)
+            if not c.up().ok:
+                raise RuntimeError(f"staging bench: the stack does not converge with {mode}")
+            out = c.reapply()
+            seconds = out.profile.get("total_s") if out.ok else None
+            say(f"  2 nodes  run {r}  modelStaging {mode:8} no-op  "
+                + (f"{seconds:6.2f} s" if seconds else f"FAILED: {out.note[-160:]}"))
+            records.append({"nodes": 2, "contender": f"noop-{mode}", "scenario": "staging-noop",
+                            "run": r, "seconds": seconds, "ok": out.ok, "note": out.note[-600:]})
+    _staging_mode(c, "download")
+    return records
+
+
+def run_all(c: SparkVllm, lab: Lab, runs: int) -> list[dict[str, Any]]:
+    """`runs` of each, interleaved, then the no-op comparison."""
+    _staging_mode(c, "download")
+    if not c.up().ok:
+        raise RuntimeError("staging bench: the stack does not come up")
+    size = _bytes(lab)
+    records = []
+    for r in range(1, runs + 1):
+        order = ("spark-vllm", "rsync") if r % 2 else ("rsync", "spark-vllm")
+        for who in order:
+            seconds, note = _spark_vllm(c, lab) if who == "spark-vllm" else _plain(lab)
+            rate = size / seconds / 1e6 if seconds else None
+            say(f"  2 nodes  run {r}  {who:10} staging      "
+                + (f"{seconds:6.2f} s  {rate:6.1f} MB/s" if seconds else f"FAILED: {note[-160:]}"))
+            records.append({"nodes": 2, "contender": who, "scenario": "staging", "run": r,
+                            "seconds": seconds, "bytes": size, "ok": seconds is not None,
+                            "note": note[-600:]})
+    return records + noop_runs(c, runs)
+
+
+def table(records: list[dict[str, Any]]) -> list[str]:
+    """The report's staging section: medians and the ratio, from one run."""
+    noop = {mode: [r["seconds"] for r in records if r["contender"] == f"noop-{mode}" and r["ok"]]
+            for mode in ("download", "none")}
+    records = [r for r in records if r["scenario"] == "staging"]
+    if not records:
+        return []
+    rate = {who: [r["bytes"] / r["seconds"] / 1e6 for r in records
+                  if r["contender"] == who and r["ok"]] for who in ("spark-vllm", "rsync")}
+    med = {who: statistics.median(v) if v else None for who, v in rate.items()}
+    size = records[0]["bytes"]
+    out = ["## Model staging: copy throughput", "",
+           f"{size / 1e9:.2f} GB (the lab's generated model) from node-1 to node-2 over the "
+           "fabric network, node-2 wiped before each run; runs interleaved. spark-vllm: the copy "
+           "command's step in `pulumi up --refresh` (SSH, manifest, free-space check, rsync, the "
+           "check of the copy). rsync: `rsync -a` of the same directory, timed on node-1.", "",
+           "| contender | runs ok | median MB/s | range MB/s |", "|---|---|---|---|"]
+    for who, v in rate.items():
+        rng = f"{min(v):.0f}–{max(v):.0f}" if v else "–"
+        shown = f"{med[who]:.0f}" if med[who] is not None else "–"
+        out.append(f"| {who} | {len(v)} | {shown} | {rng} |")
+    if med["spark-vllm"] and med["rsync"]:
+        out += ["", f"Staging / plain rsync: **{med['spark-vllm'] / med['rsync']:.2f} ×** "
+                "(target ≥ 0.9 ×)."]
+    if noop["download"] and noop["none"]:
+        d, n = statistics.median(noop["download"]), statistics.median(noop["none"])
+        out += ["", f"No-op `pulumi up` with staging on (`modelStaging: download`): {d:.2f} s "
+                f"({min(noop['download']):.2f}–{max(noop['download']):.2f}), against {n:.2f} s "
+                f"with `none`, same run, interleaved: **{d / n:.2f} ×** (nothing is read or "
+                "hashed; the staging adds resources the engine diffs)."]
+    return out + [""]
