@@ -8,6 +8,7 @@ shell (pulumi-command's remote.Command), so they stay POSIX sh.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from importlib import resources
 
@@ -365,6 +366,15 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
         head = shlex.quote(container_name(spec, HEAD))
         lines.append(f"docker cp {VLLM_FILES_DIR}/. {head}:{VLLM_CONFIG_ROOT} >/dev/null "
                      f'|| fail "cannot copy vLLM\'s config into the Ray head container"')
+    if spec.image_digest:
+        # pinned: what this node runs under the tag now (a re-pull, a reboot) must be it
+        d = spec.image_digest
+        lines += [
+            "have=$(docker image inspect --format '{{.Id}} {{range .RepoDigests}}{{.}} {{end}}' "
+            f"{shlex.quote(spec.image)} 2>/dev/null || true)",
+            f'case " $have " in *" {d} "*|*"@{d} "*) ;; *) fail "{spec.image} on {node.name} is '
+            f'not imageDigest {d}: it is ${{have:-not there}}" ;; esac',
+        ]
     lines += [
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",
@@ -482,7 +492,7 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         lines.append(f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}"
                      f"{{{{.}}}} {{{{end}}}}' {image} 2>/dev/null || true)")
         digests = ', "digests": "%s"'
-    if spec.staged and len(spec.nodes) > 1:
+    if spec.staged:  # not on the node count: a node added or removed must not re-run it
         # the copy runs rsync between the head and each node, and the manifest check python3
         lines += [f"for tool in rsync python3; do command -v $tool >/dev/null 2>&1 || fail \"$tool "
                   f"is not installed: modelStaging {spec.model_staging} copies the model with rsync "
@@ -538,6 +548,17 @@ MODEL_ROLE = "model"
 # In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the
 # head copies with) comes first; the staging helper's Python follows this line.
 MANIFEST_SEPARATOR = "#--- spark-vllm: its program follows ---"
+
+
+# The user's env keys the download container gets: the Hub's own settings and proxies. Not the
+# rest (NCCL_DEBUG …): an env change must not re-run the staging, a reviewer reads that as
+# weights being copied again.
+_DOWNLOAD_ENV = re.compile(r"^(HF_.*|HUGGINGFACE_.*|(HTTPS?|NO|ALL)_PROXY|(https?|no|all)_proxy"
+                           r"|REQUESTS_CA_BUNDLE|SSL_CERT_FILE|CURL_CA_BUNDLE)$")
+
+
+def download_env(spec: ClusterSpec) -> dict[str, str]:
+    return {k: v for k, v in spec.user_env.items() if _DOWNLOAD_ENV.match(k)}
 
 
 def model_repo_dir(spec: ClusterSpec) -> str:
@@ -602,8 +623,8 @@ def stage_script(spec: ClusterSpec) -> str:
             'download"',
         ]
     else:
-        env = []  # the user's env reaches the download (HF_ENDPOINT, proxies), not HF_HUB_OFFLINE
-        for key, value in spec.user_env.items():
+        env = []  # what reaches the Hub (HF_ENDPOINT, proxies), not HF_HUB_OFFLINE
+        for key, value in download_env(spec).items():
             env += ["--env", f"{key}={value}"]
         run = shlex.join([
             "docker", "run", "--rm", "-i", "--name", name, "--network", "host",
@@ -641,12 +662,13 @@ def stage_script(spec: ClusterSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, object]) -> str:
+def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
     """`create` of one node's copy command, run on the head: the head's model copied to `node`
     over the fabric (rsync over SSH to its identity IP, resumable, only what is missing) and
-    verified there against the manifest; prints what it copied as JSON."""
+    verified there against the manifest; prints what it copied as JSON. The commit is the one
+    the head's staging resolved, read there when the copy runs: nothing of the staging's
+    output is in this script, so re-running the staging (it is cheap) never re-runs a copy."""
     head = spec.head
-    commit = str(summary["commit"])
     dest = f"{node.user}@{node.identity_ip}"
     opts = ["-F", "/dev/null", "-i", "$work/key", "-o", "IdentitiesOnly=yes",
             "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
@@ -667,7 +689,9 @@ def copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, object]) -
     remote_hf = shlex.quote(shlex.quote(spec.hf_cache))  # quoted for the remote shell too
     lines = [
         *_staging_prelude(spec, head, f"model copy to {node.name}", "key"),
-        f"commit={commit}",
+        f"rev={shlex.quote(spec.model_revision or 'main')}",
+        'commit=$(python3 "$work"/m.py commit "$hf" "$repo" "$rev") '
+        '|| fail "$repo ($rev) is not staged on the head: its staging command does that"',
         *known_line,
         f'ssh_opts="{ssh_opts}"',
         f"dest={shlex.quote(dest)}",
@@ -706,8 +730,8 @@ def copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, object]) -
         "secs=$(( $(date +%s) - start ))",
         'sent=$(cat "$work"/sent 2>/dev/null || echo 0)',
         f'log "ready: {node.name} has $repo at $commit ($sent bytes sent in $secs s)"',
-        f"""printf '{{"node": "%s", "missing": %s, "sent": %s, "seconds": %s, "manifest": "%s"}}\\n' """
-        f'{shlex.quote(node.name)} "$1" "$sent" "$secs" {shlex.quote(str(summary["manifest"]))}',
+        f"""printf '{{"node": "%s", "commit": "%s", "missing": %s, "sent": %s, "seconds": %s}}\\n' """
+        f'{shlex.quote(node.name)} "$commit" "$1" "$sent" "$secs"',
     ]
     return "\n".join(lines) + "\n"
 

@@ -12,8 +12,6 @@ triggers).
 
 from __future__ import annotations
 
-import json
-
 import pulumi
 
 from . import commands
@@ -28,18 +26,16 @@ class ImageCheck(pulumi.ComponentResource):
                  ssh_private_key: pulumi.Input[str],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:image:ImageCheck", name, None, opts)
-        reports = pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
-            lambda texts: [t.strip() for t in texts])
         self.check = node_command(
             f"{name}-check", self, nodes[0],
             create=commands.image_check_script(spec),
             stdin=pulumi.Output.secret(ssh_private_key).apply(
                 lambda key: commands.image_check_stdin(spec, key)),
-            # what a reviewer reads: the image id each node reported
-            triggers=[{"image": spec.image,
+            # runs again when what it compares or where it asks changes (not on the
+            # preflights' outputs: a node added would show every id as unknown in a preview)
+            triggers=[{"image": spec.image, "imagePull": spec.image_pull,
                        **({"imageDigest": spec.image_digest} if spec.image_digest else {}),
-                       "imageIds": reports.apply(lambda r: {
-                           json.loads(t)["node"]: json.loads(t)["image_id"] for t in r})}],
+                       "nodes": [n.node.name for n in nodes]}],
             depends_on=[n.preflight for n in nodes],
         )
         self.image_id = self.check.stdout.apply(lambda s: s.strip())

@@ -19,7 +19,6 @@ Destroy leaves the weights in hfCache (a cache, and 120 GB).
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +28,7 @@ import pulumi
 from . import commands
 from .liveness import ModelLiveness
 from .node import SparkNode, node_command
-from .spec import ClusterSpec, NodeSpec
+from .spec import ClusterSpec
 
 
 @dataclass(frozen=True)
@@ -54,37 +53,38 @@ class ModelStaging(pulumi.ComponentResource):
         what = {"model": spec.model, "revision": rev, "hfCache": spec.hf_cache}
         head_live = ModelLiveness(f"{name}-stage-liveness", node=head, hf_cache=spec.hf_cache,
                                   model=spec.model, commit=rev, parent=self)
+        download = ({"image": spec.image, "downloadEnv": commands.download_env(spec)}
+                    if spec.model_staging == "download" else {})
         self.stage = node_command(
             f"{name}-stage", self, head,
             create=commands.stage_script(spec),
             stdin=_secret_stdin(args.hf_token, lambda tok: commands.secret_env_file(
                 commands.MODEL_ROLE, tok, None)),
             triggers=[{"node": head.node.name, "host": head.node.host, **what,
-                       "modelStaging": spec.model_staging},
+                       "modelStaging": spec.model_staging, **download},
                       {"liveness": head_live.id}],
             depends_on=list(args.after),
         )
         self.summary = self.stage.stdout.apply(lambda s: json.loads(s.strip().splitlines()[-1]))
-        staged = self.summary.apply(lambda d: {"commit": d["commit"], "manifest": d["manifest"]})
         self.copies = []
         for n in nodes[1:]:
+            # the copy's inputs hold nothing of the staging's output: a staging that runs again
+            # (an image change, say; it finds the model and hashes nothing) copies nothing
+            # and shows no copy in a preview. A head whose copy was found damaged is staged
+            # again and copied from again (headCopy)
             live = ModelLiveness(f"{name}-copy-{n.node.name}-liveness", node=n,
-                                 hf_cache=spec.hf_cache, model=spec.model,
-                                 commit=self.summary.apply(lambda d: d["commit"]), parent=self)
+                                 hf_cache=spec.hf_cache, model=spec.model, commit=rev,
+                                 parent=self)
             self.copies.append(node_command(
                 f"{name}-copy-{n.node.name}", self, head,
-                create=self.summary.apply(functools.partial(_copy_script, spec, n.node)),
+                create=commands.copy_script(spec, n.node),
                 stdin=_secret_stdin(args.ssh_private_key, _as_is),
                 triggers=[{"node": n.node.name, "to": n.node.identity_ip, **what},
-                          {"staged": staged, "liveness": live.id}],
+                          {"headCopy": head_live.id, "liveness": live.id}],
                 depends_on=[self.stage, n.preflight],
             ))
         self.done = [self.stage, *self.copies]
         self.register_outputs({"summary": self.summary})
-
-
-def _copy_script(spec: ClusterSpec, node: NodeSpec, summary: dict[str, Any]) -> str:
-    return commands.copy_script(spec, node, summary)
 
 
 def _as_is(key: str | None) -> str:

@@ -40,9 +40,12 @@ SECRET = "[secret]"
 COMMAND_TYPE = "command:remote:Command"
 LIVENESS_SUFFIX = "-liveness"  # liveness.py: `<command>-liveness`, a dynamic resource
 RUNNING = "running"  # liveness.py RUNNING
+COMPLETE = "complete"  # liveness.py COMPLETE (a staged model)
 
 PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "gate", "vLLM"
-ROLE_ORDER = (PREFLIGHT, HEAD, WORKER, GATE, VLLM)
+IMAGES, MODEL, COPY = "image check", "model", "model copy"  # image_check.py, staging.py
+ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, HEAD, WORKER, GATE, VLLM)
+CHECKS = (PREFLIGHT, IMAGES, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
 # pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
 _ACTION = {
@@ -66,6 +69,10 @@ SECRET_STDIN = "secret changed (apiKey or hfToken)"
 SECRET_CONNECTION = "SSH connection (secret) changed"
 NODE_ADDED, NODE_REMOVED = "node added", "node removed"
 VLLM_RELOADS = "vLLM reloads the model (minutes of downtime on a Spark)"
+STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missing there) and "
+                  "hashed where its files changed")
+COPIED = "the files this node lacks are copied to it over the fabric; nothing restarts for it"
+WEIGHTS_STAY = "nothing runs: the weights stay in hfCache"
 MAX_VALUE = 120  # characters of one value in a cause
 
 
@@ -223,8 +230,10 @@ def _role(name: str) -> tuple[str, str | None] | None:
         return PREFLIGHT, name.removesuffix("-preflight")
     if name.startswith("ray-worker-"):
         return WORKER, name.removeprefix("ray-worker-")
-    return {"ray-head": (HEAD, None), "ray-gate": (GATE, None),
-            "vllm-serve": (VLLM, None)}.get(name)
+    if name.startswith("model-copy-"):
+        return COPY, name.removeprefix("model-copy-")
+    return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
+            "image-check": (IMAGES, None), "model-stage": (MODEL, None)}.get(name)
 
 
 def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | None,
@@ -236,6 +245,8 @@ def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | No
     dicts = [t if isinstance(t, dict) else None for t in triggers]
     if role == GATE:
         return {}, (dicts[0] or {}) if dicts else {}
+    if role == IMAGES:
+        return (dicts[0] if dicts else None), {}
     facts = dicts[0] if dicts else None
     links = dicts[1] if len(dicts) > 1 and dicts[1] is not None else {}
     return facts, links
@@ -300,6 +311,8 @@ def _link_label(key: str) -> str:
         return "the gate"
     if key.startswith("rayWorker@"):
         return f"Ray worker {key.removeprefix('rayWorker@')}"
+    if key == "headCopy":
+        return "the head's copy of the model"
     return key
 
 
@@ -307,8 +320,8 @@ def _link_order(key: str) -> tuple[int, str]:
     return ({"rayHead": 0, "gate": 2, "liveness": 3}.get(key, 1), key)
 
 
-def link_causes(old: dict[str, Any], new: dict[str, Any],
-                dead: str | None) -> tuple[list[str], list[str], list[str]]:
+def link_causes(old: dict[str, Any], new: dict[str, Any], dead: str | None,
+                seen: str = "container was") -> tuple[list[str], list[str], list[str]]:
     """From the ids a command's triggers hold: (its container died: the liveness companion is
     replaced, workers added or removed, what it is replaced with)."""
     died: list[str] = []
@@ -318,7 +331,7 @@ def link_causes(old: dict[str, Any], new: dict[str, Any],
         if old.get(key) == new.get(key) and new.get(key) != UNKNOWN:
             continue
         if key == "liveness":
-            died.append(f"container was {dead}" if dead else "its liveness check is replaced")
+            died.append(f"{seen} {dead}" if dead else "its liveness check is replaced")
         elif key not in old:
             moved.append(f"{_link_label(key)} added")
         elif key not in new:
@@ -350,12 +363,15 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
     new_facts, new_links = _split(role, res.new)
     if old_facts is None or new_facts is None:
         return ("triggers changed shape (an upgrade of spark-vllm)",)
-    died, moved, cascade = link_causes(old_links, new_links, dead)
+    seen = "the node's copy was" if role in (MODEL, COPY) else "container was"
+    died, moved, cascade = link_causes(old_links, new_links, dead, seen)
     if dead and not died:
-        died.append(f"container was {dead}")
+        died.append(f"{seen} {dead}")
     causes = [*died, *fact_causes(old_facts, new_facts)]
-    if "stdin" in res.changed:
+    if "stdin" in res.changed and role != IMAGES:
         causes.append(SECRET_STDIN)
+    elif "stdin" in res.changed and not causes:  # the image check's: the key, where nodes are
+        causes.append("a node's address, user or host key changed")
     if "connection" in res.changed and not any(c.startswith("host:") for c in causes):
         causes.append(SECRET_CONNECTION)
     causes += moved
@@ -377,11 +393,18 @@ def consequence(role: str, action: str) -> str:
         return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
                 REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",
                 UPDATE: "nothing restarts"}[action]
+    if role == MODEL:
+        return {KEEP: "", CREATE: STAGED_ON_HEAD, REPLACE: STAGED_ON_HEAD,
+                DELETE: WEIGHTS_STAY, UPDATE: "nothing runs"}[action]
+    if role == COPY:
+        return {KEEP: "", CREATE: COPIED, REPLACE: COPIED, DELETE: WEIGHTS_STAY,
+                UPDATE: "nothing runs"}[action]
     return "" if action == KEEP else "nothing runs (a check)"
 
 
 def _dead_state(states: Iterable[Any]) -> str | None:
-    return next((s for s in states if isinstance(s, str) and s not in (RUNNING, SECRET)), None)
+    return next((s for s in states if isinstance(s, str)
+                 and s not in (RUNNING, COMPLETE, SECRET)), None)
 
 
 _Command = tuple[str, str | None, _Resource]  # role, node (None: the head's), steps
@@ -444,8 +467,8 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     rows: list[Row] = []
     for (node, role), res in found.items():
         action = res.action if res else KEEP
-        if role == PREFLIGHT and action == KEEP:
-            continue  # a kept check says nothing
+        if role in (PREFLIGHT, IMAGES, MODEL, COPY) and action == KEEP:
+            continue  # a kept check, or weights that stay where they are, say nothing
         causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
                            actions[node] == {CREATE}) if res else ()
         rows.append(Row(node, role, action, causes, consequence(role, action)))
@@ -481,10 +504,14 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"Ray starts on {', '.join(started)}")
     if stopped := s.ray_nodes(DELETE):
         parts.append(f"Ray stops on {', '.join(stopped)}")
+    if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
+        parts.append(f"the model is copied to {', '.join(copies)}")
+    elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
+        parts.append("the model is staged again on the head")
     if parts and not (restarted or started or stopped):
         parts.append("Ray keeps running")
     if not parts:
-        checks = [r for r in s.changed() if r.role in (PREFLIGHT, GATE)]
+        checks = [r for r in s.changed() if r.role in CHECKS]
         return ("Nothing restarts: only checks run again." if checks else
                 f"Nothing restarts: {_count(s.other_changes, 'resource')} change in place.")
     return " · ".join(parts)
@@ -503,6 +530,8 @@ def what_restarts(s: Summary) -> str:
     line += f"; vLLM: {_VLLM_SAYS.get(v.action, 'yes') if v else 'no'}."
     if stopped := s.ray_nodes(DELETE):
         line += f" Ray stops on {', '.join(stopped)}."
+    if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
+        line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     return line
 
 

@@ -133,6 +133,7 @@ def _node_removed(cli: Pulumi, _lab: dict[str, Any]) -> None:
     cli.set("tensorParallelSize", 1)
 
 
+OTHER_MODEL = "lab/other-model"  # any repo id: a preview stages nothing
 ROTATED: dict[str, str] = {}  # the apiKey set by the secret-rotated kind, for the secret scan
 
 
@@ -151,6 +152,8 @@ KINDS = (
     Kind("node-added", "node-3 appended, tensorParallelSize 3", _node_added),
     Kind("node-removed", "nodes[1] dropped, tensorParallelSize 1", _node_removed),
     Kind("secret-rotated", "apiKey set to a new random value", _secret_rotated),
+    Kind("model", f"model -> {OTHER_MODEL} (staged to every node)",
+         lambda cli, lab: cli.set("model", OTHER_MODEL)),
 )
 
 

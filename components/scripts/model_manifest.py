@@ -18,6 +18,7 @@ with the copy; a worker's copy is verified against it.
   check HF REPO REV          (any node) one line: "complete", "incomplete: …" or "gone". Sizes
                              only: a read-time check must stay cheap.
   files HF REPO COMMIT       rsync's --files-from list (relative to HF) for that commit.
+  commit HF REPO REV         the commit REV stands for in this cache (exit 4: not there).
   download HF REPO REV       (in the image) snapshot_download; prints "total BYTES" first.
 """
 
@@ -277,6 +278,8 @@ def main(argv: list[str]) -> int:
     try:
         if mode == "build":
             print(json.dumps(build(hf, repo, rev), sort_keys=True))
+        elif mode == "commit":  # the commit REV stands for here
+            print(resolve(hf, repo, rev))
         elif mode == "check":  # REV: the commit, or a branch/tag read from refs/
             try:
                 commit = rev if _HEX40.match(rev) else resolve(hf, repo, rev)

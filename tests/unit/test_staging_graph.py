@@ -15,7 +15,6 @@ from tests.unit.harness import (
     IMAGE_ID,
     SECRET_SIG,
     SSH_KEY,
-    STAGED,
     lab_nodes,
     run,
     spec_from,
@@ -55,14 +54,17 @@ def test_copies_carry_the_key_wrapped_and_name_what_they_copy() -> None:
     facts, links = copy.plain("triggers")
     assert facts == {"node": "node-2", "to": "192.168.231.12", "model": "org/model",
                      "revision": "main", "hfCache": "/root/.cache/huggingface"}
-    assert links == {"staged": {"commit": STAGED["commit"], "manifest": STAGED["manifest"]},
+    assert links == {"headCopy": "model-stage-liveness-id",
                      "liveness": "model-copy-node-2-liveness-id"}
+    # nothing of the staging's output reaches the copy: staging again copies nothing
+    assert g["model-stage"].urn not in {u for deps in copy.property_dependencies.values()
+                                        for u in deps}
     # the copy goes to the node's fabric identity, from the head
     assert "dest=root@192.168.231.12" in copy.plain("create")
     assert copy.plain("connection")["host"] == "10.231.0.11"
     live = g["model-copy-node-2-liveness"]
     assert (live.plain("node"), live.plain("commit"), live.plain("state")) == (
-        "node-2", STAGED["commit"], "complete")
+        "node-2", "main", "complete")
     stage = g["model-stage"]
     assert f"HF_TOKEN={HF_TOKEN}" in stage.plain("stdin") and stage.inputs["stdin"][SECRET_SIG]
     assert g["model-stage-liveness"].plain("commit") == "main"  # the head's check reads refs/
@@ -79,6 +81,27 @@ def test_staged_containers_run_offline_and_unstaged_ones_as_before() -> None:
     assert graph(2, modelStaging="none", env={"HF_HUB_OFFLINE": "1"})
 
 
+def test_only_the_hubs_settings_reach_the_download_and_an_env_change_stages_nothing() -> None:
+    env = {"NCCL_DEBUG": "INFO", "HF_ENDPOINT": "http://mirror:8080", "HTTPS_PROXY": "http://p:3128"}
+    stage = graph(2, env=env)["model-stage"]
+    assert stage.plain("triggers")[0]["downloadEnv"] == {
+        "HF_ENDPOINT": "http://mirror:8080", "HTTPS_PROXY": "http://p:3128"}
+    assert "NCCL_DEBUG" not in stage.plain("create")
+    quiet = {**env, "NCCL_DEBUG": "WARN"}
+    for name in ("model-stage", "model-copy-node-2", "image-check"):
+        a, b = graph(2, env=env)[name], graph(2, env=quiet)[name]
+        assert (a.plain("create"), a.plain("triggers")) == (b.plain("create"), b.plain("triggers"))
+    # copy mode downloads nothing: neither the image nor the env is its business
+    assert "downloadEnv" not in graph(2, modelStaging="copy")["model-stage"].plain("triggers")[0]
+
+
+def test_a_pinned_digest_is_checked_by_every_container_on_its_node() -> None:
+    g = graph(2, imageDigest=IMAGE_ID)
+    for name in ("ray-head", "ray-worker-node-2", "vllm-serve"):
+        assert f"is not imageDigest {IMAGE_ID}" in g[name].plain("create"), name
+    assert "imageDigest" not in graph(2)["ray-head"].plain("create")
+
+
 def test_a_revision_reaches_vllm_and_its_diff() -> None:
     g = graph(2, modelRevision="v2.1")
     serve = g["vllm-serve"]
@@ -88,11 +111,13 @@ def test_a_revision_reaches_vllm_and_its_diff() -> None:
     assert "modelRevision" not in graph(2)["vllm-serve"].plain("triggers")[0]
 
 
-def test_image_check_shows_the_ids_the_preflights_saw_and_asks_the_nodes_itself() -> None:
+def test_image_check_names_what_it_compares_and_asks_the_nodes_itself() -> None:
     g = graph(2, imageDigest=IMAGE_ID)
     check = g["image-check"]
-    assert check.plain("triggers") == [{"image": "vllm/image:1", "imageDigest": IMAGE_ID,
-                                        "imageIds": {"node-1": IMAGE_ID, "node-2": IMAGE_ID}}]
+    assert check.plain("triggers") == [{"image": "vllm/image:1", "imagePull": "missing",
+                                        "imageDigest": IMAGE_ID, "nodes": ["node-1", "node-2"]}]
+    # not on the preflights' outputs: a node added would make every id unknown in a preview
+    assert not check.property_dependencies.get("triggers")
     key, program = check.plain("stdin").split(c.MANIFEST_SEPARATOR + "\n")
     assert key.strip() == SSH_KEY and check.inputs["stdin"][SECRET_SIG]
     assert program == f"PAYLOAD = {c.image_check_payload(spec_from(lab_nodes(2), imageDigest=IMAGE_ID))!r}\n" + c.script_text("image_check.py")

@@ -18,7 +18,7 @@ from lab import config
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "previews"
 KINDS = ("noop", "env", "identity", "image", "vllm-arg", "node-added", "node-removed",
-         "secret-rotated")
+         "secret-rotated", "model")
 
 # what `python -m lab up` writes and lab.capture_previews changes
 NODE1 = config.node_addrs(1, config.DEFAULT_MGMT_SUBNET, config.DEFAULT_FABRIC_SUBNET)
@@ -26,6 +26,8 @@ IMAGE, OTHER_IMAGE = config.INNER_IMAGE, f"{config.INNER_IMAGE}-{config.LEGACY_S
 IDENTITY = f"identityIp: {NODE1.fabric_ip} → {NODE1.spare_ip}"
 IMAGE_CHANGE = f"image: {IMAGE} → {OTHER_IMAGE}"
 ENV = "env.NCCL_DEBUG: WARN → INFO"
+LAB_MODEL = config.LAB_MODEL
+MODEL_CHANGE = f"model: {LAB_MODEL} → lab/other-model"
 
 RAY, CHECK, RELOAD = "Ray restarted on this node", "nothing runs (a check)", summary.VLLM_RELOADS
 BOTH = "replaced because the Ray head and Ray worker node-2 are"
@@ -45,6 +47,7 @@ EXPECTED: dict[str, Rows] = {
     ],
     "identity": [
         ("node-1", "preflight", "replace", IDENTITY, CHECK),
+        ("node-1", "image check", "replace", "a node's address, user or host key changed", CHECK),
         ("node-1", "Ray head", "replace", IDENTITY, RAY),
         ("node-1", "gate", "replace", BOTH, CHECK),
         ("node-1", "vLLM", "replace", IDENTITY, RELOAD),
@@ -52,6 +55,10 @@ EXPECTED: dict[str, Rows] = {
     ],
     "image": [
         ("node-1", "preflight", "replace", IMAGE_CHANGE, CHECK),
+        ("node-1", "image check", "replace", IMAGE_CHANGE, CHECK),
+        # it downloads with the image when the model is missing: it looks again (hashing
+        # nothing that did not change), and no copy runs for it
+        ("node-1", "model", "replace", IMAGE_CHANGE, summary.STAGED_ON_HEAD),
         ("node-1", "Ray head", "replace", IMAGE_CHANGE, RAY),
         ("node-1", "gate", "replace", BOTH, CHECK),
         ("node-1", "vLLM", "replace", IMAGE_CHANGE, RELOAD),
@@ -64,20 +71,24 @@ EXPECTED: dict[str, Rows] = {
         WORKER_KEPT,
     ],
     "node-added": [
+        ("node-1", "image check", "replace", "nodes: node-1 node-2 → node-1 node-2 node-3", CHECK),
         HEAD_KEPT,
         ("node-1", "gate", "replace", "Ray worker node-3 added", CHECK),
         ("node-1", "vLLM", "replace", "tensorParallelSize: 2 → 3; Ray worker node-3 added",
          RELOAD),
         WORKER_KEPT,
         ("node-3", "preflight", "create", "node added", CHECK),
+        ("node-3", "model copy", "create", "node added", summary.COPIED),
         ("node-3", "Ray worker", "create", "node added", "Ray starts on this node"),
     ],
     "node-removed": [
+        ("node-1", "image check", "replace", "nodes: node-1 node-2 → node-1", CHECK),
         HEAD_KEPT,
         ("node-1", "gate", "replace", "Ray worker node-2 removed", CHECK),
         ("node-1", "vLLM", "replace", "tensorParallelSize: 2 → 1; Ray worker node-2 removed",
          RELOAD),
         ("node-2", "preflight", "delete", "node removed", CHECK),
+        ("node-2", "model copy", "delete", "node removed", summary.WEIGHTS_STAY),
         ("node-2", "Ray worker", "delete", "node removed", "Ray stopped on this node"),
     ],
     "secret-rotated": [
@@ -85,14 +96,27 @@ EXPECTED: dict[str, Rows] = {
         ("node-1", "vLLM", "replace", "secret changed (apiKey or hfToken)", RELOAD),
         WORKER_KEPT,
     ],
+    # the one change that moves weights: staged again on the head, copied to node-2, and vLLM
+    # reloads; Ray keeps running
+    "model": [
+        ("node-1", "model", "replace", MODEL_CHANGE, summary.STAGED_ON_HEAD),
+        HEAD_KEPT, GATE_KEPT,
+        ("node-1", "vLLM", "replace",
+         f"{MODEL_CHANGE}; servedModelName: {LAB_MODEL} → lab/other-model", RELOAD),
+        ("node-2", "model copy", "replace", MODEL_CHANGE, summary.COPIED),
+        WORKER_KEPT,
+    ],
 }
 VLLM_ONLY = "vLLM reloads the model (node-1) · Ray keeps running"
 RESTARTS_ALL = "vLLM reloads the model (node-1) · Ray restarts on 2 nodes"
 HEADLINES = {
     "noop": "No change: nothing restarts.",
-    "env": RESTARTS_ALL, "identity": RESTARTS_ALL, "image": RESTARTS_ALL,
+    "env": RESTARTS_ALL, "identity": RESTARTS_ALL,
+    "image": f"{RESTARTS_ALL} · the model is staged again on the head",
     "vllm-arg": VLLM_ONLY, "secret-rotated": VLLM_ONLY,
-    "node-added": "vLLM reloads the model (node-1) · Ray starts on node-3",
+    "node-added": "vLLM reloads the model (node-1) · Ray starts on node-3 · the model is copied "
+                  "to node-3",
+    "model": "vLLM reloads the model (node-1) · the model is copied to node-2 · Ray keeps running",
     "node-removed": "vLLM reloads the model (node-1) · Ray stops on node-2",
 }
 RELOADS = "vLLM: yes (reloads the model: minutes of downtime on a Spark)."
@@ -102,7 +126,10 @@ WHAT_RESTARTS = {
     "image": f"What restarts: Ray on 2 nodes (node-1, node-2); {RELOADS}",
     "vllm-arg": f"What restarts: Ray on no node; {RELOADS}",
     "secret-rotated": f"What restarts: Ray on no node; {RELOADS}",
-    "node-added": f"What restarts: Ray on 1 node (node-3); {RELOADS}",
+    "node-added": f"What restarts: Ray on 1 node (node-3); {RELOADS} Weights copied to node-3 "
+                  "(only the files they lack).",
+    "model": f"What restarts: Ray on no node; {RELOADS} Weights copied to node-2 (only the files "
+             "they lack).",
     "node-removed": f"What restarts: Ray on no node; {RELOADS} Ray stops on node-2.",
 }
 
