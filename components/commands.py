@@ -12,6 +12,7 @@ import re
 import shlex
 from importlib import resources
 
+from . import ssh
 from .spec import ClusterSpec, NodeSpec
 
 HEAD, WORKER, VLLM = "ray-head", "ray-worker", "vllm"
@@ -670,19 +671,11 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
     output is in this script, so re-running the staging (it is cheap) never re-runs a copy."""
     head = spec.head
     dest = f"{node.user}@{node.identity_ip}"
-    opts = ["-F", "/dev/null", "-i", "$work/key", "-o", "IdentitiesOnly=yes",
-            "-o", "IdentityAgent=none", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10",
-            "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR",
-            "-p", str(node.port)]
+    opts = ssh.options("$work/key", node.port, node.host_key, "$work/known_hosts")
+    known_line = []
     if node.host_key:
-        opts += ["-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=$work/known_hosts",
-                 "-o", f"HostKeyAlgorithms={node.host_key.split()[0]}"]
-        known = node.identity_ip if node.port == 22 else f"[{node.identity_ip}]:{node.port}"
-        known_line = [f"printf '%s\\n' {shlex.quote(known + ' ' + node.host_key)} "
-                      '> "$work"/known_hosts']
-    else:
-        opts += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-        known_line = []
+        known = ssh.known_hosts_line(node.identity_ip, node.port, node.host_key)
+        known_line = [f"printf '%s\\n' {shlex.quote(known)} > \"$work\"/known_hosts"]
     # $work is mktemp's (no spaces): rsync splits -e at spaces
     ssh_opts = " ".join(opts)
     to = f"{node.name} ({dest})"

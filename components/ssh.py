@@ -36,27 +36,36 @@ class Target:
         return f"{self.node} ({self.user}@{self.host}:{self.port})"
 
 
+def options(key: str, port: int, host_key: str | None, known_hosts: str) -> list[str]:
+    """OpenSSH's options for a node: this key only, no agent or config, bounded dial,
+    keepalives, and the pinned host key (in `known_hosts`) or none. Also what the head uses to
+    reach the other nodes (commands.copy_script), with paths of the node's shell."""
+    opts = [
+        "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+        "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR",
+        "-p", str(port),
+    ]
+    if host_key:
+        return opts + ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
+                       "-o", f"HostKeyAlgorithms={host_key.split()[0]}"]
+    return opts + ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+
+
+def known_hosts_line(host: str, port: int, host_key: str) -> str:
+    return f"{host if port == 22 else f'[{host}]:{port}'} {host_key.strip()}"
+
+
 def _argv(t: Target, tmp: str, remote: str) -> list[str]:
     key = os.path.join(tmp, "key")
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(t.private_key if t.private_key.endswith("\n") else t.private_key + "\n")
-    opts = [
-        "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
-        "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-        "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3", "-o", "LogLevel=ERROR",
-        "-p", str(t.port),
-    ]
+    known = os.path.join(tmp, "known_hosts")
     if t.host_key:
-        known = os.path.join(tmp, "known_hosts")
-        host = t.host if t.port == 22 else f"[{t.host}]:{t.port}"
         with open(known, "w") as f:
-            f.write(f"{host} {t.host_key.strip()}\n")
-        opts += ["-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known}",
-                 "-o", f"HostKeyAlgorithms={t.host_key.split()[0]}"]
-    else:
-        opts += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-    return ["ssh", *opts, f"{t.user}@{t.host}", remote]
+            f.write(known_hosts_line(t.host, t.port, t.host_key) + "\n")
+    return ["ssh", *options(key, t.port, t.host_key, known), f"{t.user}@{t.host}", remote]
 
 
 def run(t: Target, script: str, stdin: str = "", timeout: float = 60) -> subprocess.CompletedProcess[str]:
