@@ -6,8 +6,8 @@ lab nodes, side by side in one run (interleaved, the order alternating per run).
   (its --json events, stamped on arrival): SSH session, manifest, free-space check, rsync over
   the fabric, the check of node-2's copy against the manifest.
 - rsync: on node-1, `rsync -a` of the model's repo dir in the HF cache to node-2's fabric IP over
-  SSH, the same key and cipher defaults, into a scratch dir wiped first. Timed on node-1 around
-  the rsync alone.
+  SSH, the same key and cipher defaults, into a scratch dir wiped first, on the same filesystem
+  as the staged copy (node-2's hfCache). Timed on node-1 around the rsync alone.
 Both move the same bytes (the blobs; the snapshot's symlinks and refs are a few hundred bytes).
 """
 
@@ -26,7 +26,8 @@ from lab.config import LAB_MODEL
 HF = "/root/.cache/huggingface"
 REPO_DIR = f"{HF}/hub/models--{LAB_MODEL.replace('/', '--')}"
 COPY = "model-copy-node-2"
-PLAIN_DST = "/root/bench-plain-rsync"
+# on the same filesystem as the staged copy (the node's hfCache volume; its root fs is overlay)
+PLAIN_DST = f"{HF}/bench-plain-rsync"
 
 
 def _bytes(lab: Lab) -> int:
