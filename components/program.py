@@ -7,10 +7,12 @@ import json
 import os
 import signal
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
+import grpc
 import pulumi
 from pulumi.runtime import config as runtime_config
+from pulumi.runtime import resource as sdk_resource
 
 from . import commands, hostkeys
 from .image_check import ImageCheck
@@ -42,6 +44,20 @@ def exit_quietly_when_interrupted() -> None:
     under the stack, burying the failed command's own message.
     """
     signal.signal(signal.SIGINT, lambda _sig, _frame: os._exit(BAIL_EXIT_CODE))
+    # The same moment seen from the other side: the engine cancels the resource registrations
+    # still waiting (gRPC CANCELLED, "context canceled"), and one of them can return before
+    # the host's SIGINT arrives; the SDK raises it, and its launcher prints "Program failed with
+    # an unhandled exception" and a gRPC traceback under the failed command's message (seen
+    # once in CI on a refused preflight, with the staging's resources waiting). The engine
+    # has said why; end quietly, as for SIGINT. Anything else is raised as the SDK does.
+    original = sdk_resource.handle_grpc_error
+
+    def quiet_when_cancelled(exn: grpc.RpcError) -> NoReturn:
+        if exn.code() == grpc.StatusCode.CANCELLED:
+            os._exit(BAIL_EXIT_CODE)
+        original(exn)
+
+    sdk_resource.handle_grpc_error = quiet_when_cancelled
 
 
 def read_config() -> tuple[ClusterSpec, Secrets]:

@@ -60,9 +60,13 @@ def main(key: str, payload: dict[str, Any]) -> int:
         for i, node in enumerate(payload["nodes"]):
             image_id, digests = ask(key, tmp, node, image, local=i == 0)
             rows.append((node["name"], image_id, digests))
-    ids = {r[1] for r in rows}
-    problems = []
-    if len(ids) > 1 or ids & {"missing", "unreachable"}:
+    problems = [f"the head cannot reach {node['name']} at {node['ip']}:{node['port']} (its "
+                "identity: the fabric) to ask which image it holds; check the link, routes and "
+                f"firewall: {why}"
+                for node, (_, image_id, why) in zip(payload["nodes"], rows, strict=True)
+                if image_id == "unreachable"]
+    ids = {r[1] for r in rows} - {"unreachable"}
+    if len(ids) > 1 or "missing" in ids:
         problems.append(f"image {image} is not the same on every node (same tag, different "
                         "content):")
     if digest:

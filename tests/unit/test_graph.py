@@ -275,3 +275,35 @@ def test_every_container_and_only_containers_have_a_liveness_companion(n: int) -
         assert live.plain("serving") == (["127.0.0.1", "8000", "org/model"]
                                          if role == c.VLLM else [])
     assert "ray-gate-liveness" not in g
+
+
+def test_a_registration_the_engine_cancels_ends_the_program_quietly() -> None:
+    """When a step fails the engine cancels the registrations still waiting; one can return
+    (gRPC CANCELLED) before the language host's SIGINT. The program then exits 32 ("error
+    already shown") without a word, instead of the SDK's "unhandled exception" traceback;
+    every other gRPC error is the SDK's own. Run in a child: the handler calls os._exit."""
+    child = """
+import grpc, sys
+from pulumi.runtime import resource
+from components.program import exit_quietly_when_interrupted
+
+class Err(grpc.RpcError):
+    def __init__(self, code): self._code = code
+    def code(self): return self._code
+    def details(self): return "context canceled"
+
+exit_quietly_when_interrupted()
+try:
+    resource.handle_grpc_error(Err(grpc.StatusCode.UNAVAILABLE))
+except Exception as e:
+    print("raised:", e, flush=True)
+resource.handle_grpc_error(Err(grpc.StatusCode.CANCELLED))
+print("not reached", flush=True)
+"""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == BAIL_EXIT_CODE, out
+    assert out.stdout == "raised: Resource monitor has terminated, shutting down\n"
+    assert out.stderr == ""

@@ -136,6 +136,7 @@ for a; do case "$a" in *@*) dest=${a#*@} ;; esac; done
 case "$dest" in
   192.168.231.12) [ -n "$NODE2" ] && echo "$NODE2" || { echo "docker: no such image" >&2; exit 1; } ;;
   192.168.231.13) echo "$NODE3" ;;
+  192.168.231.14) echo "ssh: connect to host $dest port 22: No route to host" >&2; exit 255 ;;
   *) echo "ssh: connect to host $dest port 22: No route to host" >&2; exit 255 ;;
 esac
 """
@@ -176,6 +177,17 @@ def test_a_node_without_the_image_is_in_the_table(tmp_path) -> None:  # type: ig
     out = _verdict(tmp_path, [A, ""])
     assert out.returncode == 1
     assert "  node-2  missing  docker: no such image" in out.stderr.splitlines()
+
+
+def test_a_node_the_head_cannot_reach_is_named_with_its_fabric_address(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = _verdict(tmp_path, [A, A, A, A], tensorParallelSize=4)  # node-4's address: no route
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[0] == (
+        "the head cannot reach node-4 at 192.168.231.14:22 (its identity: the fabric) to ask "
+        "which image it holds; check the link, routes and firewall: ssh: connect to host "
+        "192.168.231.14 port 22: No route to host")
+    assert "  node-4  unreachable  ssh: connect to host 192.168.231.14 port 22: No route to host" \
+        in out.stderr.splitlines()
 
 
 @pytest.mark.parametrize("digest, refused", [
