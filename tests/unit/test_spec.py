@@ -237,3 +237,21 @@ def test_problems_do_not_leak_between_calls() -> None:
     before = copy.deepcopy(raw)
     parse_spec(raw, "t", ALL_SECRETS)
     assert raw == before
+
+
+def test_image_digest_must_be_a_digest() -> None:
+    assert problems(lambda r: r.update(imageDigest="latest"))[0].startswith(
+        "imageDigest: String should match pattern")
+
+
+def test_staging_needs_a_repo_id_and_owns_hf_hub_offline() -> None:
+    assert problems(lambda r: r.update(model="/models/qwen", env={"HF_HUB_OFFLINE": "1"})) == [
+        "env.HF_HUB_OFFLINE: set by the program while modelStaging is download; remove it from "
+        "env (or set modelStaging: none)",
+        "model: '/models/qwen' is not a Hugging Face repo id (org/name); modelStaging download "
+        "stages repos into hfCache: set modelStaging: none for a path or a model the nodes "
+        "already have"]
+    parse_spec({**good(), "model": "/models/qwen", "modelStaging": "none"}, "s", ALL_SECRETS)
+    with pytest.raises(SpecError, match=r"vllmArgs\[0\]: --revision is set by the program from "
+                                        "modelRevision"):
+        parse_spec({**good(), "vllmArgs": ["--revision=abc"]}, "s", ALL_SECRETS)

@@ -205,34 +205,6 @@ def test_image_digest_pins_the_content(tmp_path, digest: str, refused: str | Non
         assert f"  node-1  {A}  reg/vllm@{C}" in out.stderr
 
 
-def test_image_digest_must_be_a_digest() -> None:
-    from components.spec import SpecError, parse_spec
-    with pytest.raises(SpecError, match="imageDigest: String should match pattern"):
-        parse_spec({**_raw(), "imageDigest": "latest"}, "s", frozenset({"sshPrivateKey"}))
-
-
-def _raw() -> dict[str, object]:
-    return {"nodes": lab_nodes(2), "image": "i", "model": "org/m", "tensorParallelSize": 2}
-
-
-def test_staging_needs_a_repo_id_and_owns_hf_hub_offline() -> None:
-    from components.spec import SpecError, parse_spec
-    with pytest.raises(SpecError) as err:
-        parse_spec({**_raw(), "model": "/models/qwen", "env": {"HF_HUB_OFFLINE": "1"}}, "s",
-                   frozenset({"sshPrivateKey"}))
-    assert err.value.problems == [
-        "env.HF_HUB_OFFLINE: set by the program while modelStaging is download; remove it from "
-        "env (or set modelStaging: none)",
-        "model: '/models/qwen' is not a Hugging Face repo id (org/name); modelStaging download "
-        "stages repos into hfCache: set modelStaging: none for a path or a model the nodes "
-        "already have"]
-    parse_spec({**_raw(), "model": "/models/qwen", "modelStaging": "none"}, "s",
-               frozenset({"sshPrivateKey"}))
-    with pytest.raises(SpecError, match=r"vllmArgs\[0\]: --revision is set by the program from "
-                                        "modelRevision"):
-        parse_spec({**_raw(), "vllmArgs": ["--revision=abc"]}, "s", frozenset({"sshPrivateKey"}))
-
-
 def test_every_staging_command_is_replaced_never_mutated() -> None:
     for name, r in graph(4, tensorParallelSize=2, pipelineParallelSize=2).items():
         if r.type == CMD and (name.startswith("model-") or name == "image-check"):
