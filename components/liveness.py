@@ -26,56 +26,19 @@ import pulumi
 from pulumi import dynamic
 
 from . import ssh
-from .commands import script_text
+from .commands import SERVING_TIMEOUT_S, inspect_script, script_text
 
 RUNNING = "running"
 COMPLETE = "complete"  # a staged model: every file of its manifest there, at its size
 # The inputs that say which container or model; the rest say how to reach its node.
 _KEYS = ("node", "host", "port", "user", "privateKey", "hostKey", "container", "serving",
          "hfCache", "model", "commit")
-# The serving check sends one short chat completion (FIELD-NOTES: only a completion proves
-# vLLM serves). An error (5xx, refused, /health not 200) means not serving; no answer within
-# SMOKE_WAIT_S means busy or wedged, and counts as running: a refresh must never reload 120 GB
-# of weights because a queue was long. `python -m components.status` reports a server that
-# does not answer.
-SMOKE_WAIT_S = 5
-SERVING_TIMEOUT_S = 30  # the whole check, docker exec included
 
 
 def _target(props: dict[str, Any]) -> ssh.Target:
     return ssh.Target(node=props["node"], host=props["host"], port=int(props["port"]),
                       user=props["user"], private_key=props["privateKey"],
                       host_key=props.get("hostKey") or None)
-
-
-def inspect_script(container: str, serving: list[str] | None) -> str:
-    """Prints the container's state in one line; exit 3 when docker itself does not answer."""
-    q = shlex.quote(container)
-    lines = [
-        "PATH=\"$PATH:/usr/sbin:/sbin\"",
-        f"if ! out=$(docker inspect --format '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {q} 2>&1); then",
-        '  case "$out" in *"No such"*) echo gone; exit 0 ;; esac',
-        '  echo "docker: $out" >&2; exit 3',
-        "fi",
-        'set -- $out',
-        'if [ "$1" != running ]; then echo "$1 ($2)"; exit 0; fi',
-    ]
-    if serving:
-        # the readiness probe (scripts/vllm_probe.py) on stdin, run inside the container, with
-        # the container's own API key; /health alone can answer while generation is dead
-        probe = shlex.join(["python3", "-", *serving, "ready", "0", "smoke", str(SMOKE_WAIT_S)])
-        lines += [
-            f"if why=$(timeout {SERVING_TIMEOUT_S} docker exec -i {q} {probe} 2>&1 >/dev/null); "
-            "then echo running; else",
-            '  rc=$?',
-            '  if [ "$rc" -eq 3 ] || [ "$rc" -eq 124 ]; then echo running; else',
-            '    echo "running, not serving: $(echo "$why" | tail -n 1)"',
-            "  fi",
-            "fi",
-        ]
-    else:
-        lines.append("echo running")
-    return "\n".join(lines) + "\n"
 
 
 def observe(props: dict[str, Any]) -> str:

@@ -51,8 +51,33 @@ def smoke(timeout):
     body = {"model": served, "max_tokens": 16,
             "messages": [{"role": "user", "content": "spark-vllm smoke test"}]}
     _, text = call("/v1/chat/completions", body, timeout=timeout)
-    reply = json.loads(text)["choices"][0]["message"]["content"]
-    print(f"smoke request answered: {reply[:200]!r}")
+    print(f"smoke request answered: {answer(json.loads(text))}")
+
+
+def answer(reply):
+    """What a chat completion answered, in a few words. Any valid completion is an answer:
+    with a reasoning parser vLLM returns content null and the text in `reasoning`
+    (`reasoning_content` in older releases), a tool call content null and `tool_calls`, and
+    a model may answer nothing at all (observed on vLLM 0.26.0: tests/fixtures/real-vllm/).
+    Raises ValueError when `reply` is not a chat completion."""
+    try:
+        choice = reply["choices"][0]
+        msg = choice["message"]
+        if not isinstance(msg, dict):
+            raise TypeError(type(msg).__name__)
+    except (KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"not a chat completion ({type(err).__name__}: {err})") from None
+    content = msg.get("content")
+    if isinstance(content, str) and content:
+        return repr(content[:200])
+    for key in ("reasoning", "reasoning_content"):
+        if isinstance(msg.get(key), str) and msg[key]:
+            return f"(reasoning) {msg[key][:200]!r}"
+    calls = msg.get("tool_calls") or []
+    if calls:
+        names = [str((c.get("function") or {}).get("name")) for c in calls if isinstance(c, dict)]
+        return f"(tool calls) {', '.join(names)}"
+    return f"(no text; finish_reason {choice.get('finish_reason')})"
 
 
 try:
@@ -63,8 +88,10 @@ try:
         if why is not None:
             print(f"{mode}: {why}", file=sys.stderr)
             sys.exit(1)
-    if sys.argv[6:7] == ["smoke"]:
-        smoke_s = float(sys.argv[7]) if len(sys.argv) > 7 else 120.0
+    extra = sys.argv[5:] if mode == "smoke" else sys.argv[6:]  # smoke [SMOKE_SECONDS]
+    if mode == "smoke" or extra[:1] == ["smoke"]:
+        rest = extra[1:] if extra[:1] == ["smoke"] else extra
+        smoke_s = float(rest[0]) if rest else 120.0
         try:
             smoke(smoke_s)
         except (OSError, ValueError, KeyError, urllib.error.URLError) as err:

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The GPU machine's side of the tier (lab/gpu/README.md). Run from the repository root there:
+#   bash lab/gpu/device.sh stash        keep the carried wheel part(s) in /root/stash
+#   bash lab/gpu/device.sh run PART     stash, install once (wheels checked against the lock),
+#                                       make the tiny models, run the runner's PART into $OUT
+# The machine starts bare and keeps files only while it stays warm (~30 s after a command), so
+# the calls follow each other at once.
+set -euo pipefail
+STASH=/root/stash SITE=/root/site HF=/root/hf
+repo=$(pwd)
+mkdir -p "$STASH"
+cp .gpu-stash/wheels.tar.* "$STASH"/ 2>/dev/null || true
+[ "$1" = stash ] && { ls "$STASH"; exit 0; }
+part=$2
+# NVLink multicast off on a shared host (KINDS.md of the device tool)
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ ! -f "$SITE/.ready" ]; then
+  t0=$(date +%s)
+  cat "$STASH"/wheels.tar.* | tar -x -C "$STASH"
+  (cd "$STASH/wheels" && sha256sum -c --quiet "$repo/lab/gpu/wheels-vllm-0.26.0.lock")
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$STASH"/wheels/*.whl
+  # the env probe: a vLLM general plugin (lab/gpu/envprobe), found through its entry point
+  cp lab/gpu/envprobe/spark_vllm_envprobe.py "$SITE"/
+  d="$SITE/spark_vllm_envprobe-0.0.0.dist-info"; mkdir -p "$d"
+  cp lab/gpu/envprobe/entry_points.txt "$d"/
+  printf 'Metadata-Version: 2.1\nName: spark-vllm-envprobe\nVersion: 0.0.0\n' > "$d/METADATA"
+  touch "$SITE/.ready"
+  echo "[device] wheels checked and installed in $(( $(date +%s) - t0 )) s"
+fi
+export SPARK_VLLM_COMMIT=$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
+PYTHONPATH="$SITE" python3 lab/gpu/tiny_model.py "$HF" ${MODELS:-dense}
+PYTHONPATH="$SITE" python3 lab/gpu/runner.py --out "$OUT" --part "$part" 2>&1 | tee "$OUT/runner-$part.log"

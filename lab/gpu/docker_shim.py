@@ -1,0 +1,370 @@
+"""A `docker` for a machine without Docker: the program's container layout, one mount namespace
+per container. Used by the GPU tier (lab/gpu/runner.py), where the program's own rendered
+start scripts, gate and liveness read run unchanged and call `docker` as on a node.
+
+What a container is here, and what it is not:
+- `docker run` starts ENTRYPOINT ARGS in a new mount namespace (`unshare --mount`) with a
+  private tmpfs on /tmp (a container's /tmp is its own), the `--volume`s bound in (an anonymous
+  `--volume /tmp/ray` is a host directory kept per container, `--volumes-from X` binds X's
+  volumes), the env of `--env-file` and `--env` over a fixed "image" env (IMAGE_ENV), cwd /.
+  Host network, PID and IPC: the program runs every container with `--network host --ipc host`,
+  and the vLLM container with `--pid container:<head>`, so nothing else is needed for them.
+- The image is the machine itself (its Python, the carried wheels): the tag is recorded only.
+- A container's processes are the processes in its mount namespace: when its first process
+  exits they are killed (Docker tears down the PID namespace), `rm --force` kills them all.
+- `--gpus` is recorded only: the GPU is the machine's.
+Subcommands: run, inspect (the `--format` fields the program reads), image inspect, logs
+[--tail N], rm [--force] [--volumes], exec [-i], cp SRC CONTAINER:DST, kill [-s SIG], version,
+ps. Stdlib only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("SHIM_STATE", "/run/spark-vllm-shim"))
+VOLUMES = Path(os.environ.get("SHIM_VOLUMES", "/var/lib/spark-vllm-shim/volumes"))
+# The env every container starts from (an image's ENV); the runner sets it from the machine.
+IMAGE_ENV = json.loads(os.environ.get("SHIM_IMAGE_ENV", "{}"))
+
+
+def die(msg: str, rc: int = 1) -> None:
+    print(msg, file=sys.stderr)
+    sys.exit(rc)
+
+
+def cdir(name: str) -> Path:
+    return STATE / name
+
+
+def load(name: str) -> dict:
+    try:
+        return json.loads((cdir(name) / "config.json").read_text())
+    except FileNotFoundError:
+        return {}
+
+
+def init_pid(name: str) -> int | None:
+    try:
+        return int((cdir(name) / "pid").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def exit_code(name: str) -> int | None:
+    try:
+        return int((cdir(name) / "exitcode").read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def status(name: str) -> str:
+    if exit_code(name) is not None:
+        return "exited"
+    pid = init_pid(name)
+    if pid is None:
+        return "created"
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return "exited"
+    return "running"
+
+
+def members(mntns: str) -> list[int]:
+    """Every process whose mount namespace is `mntns` (a container's processes)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if os.readlink(p / "ns" / "mnt") == mntns:
+                    out.append(int(p.name))
+            except OSError:
+                pass
+    return [pid for pid in out if pid != os.getpid()]
+
+
+def kill_all(name: str, sig: int = signal.SIGKILL) -> None:
+    ns = load(name).get("mntns") or _read(cdir(name) / "mntns")
+    if not ns:
+        return
+    for _ in range(50):
+        pids = members(ns)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.1)
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
+def parse_env_file(path: str) -> dict[str, str]:
+    env = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, _, value = line.partition("=")
+        env[key] = value
+    return env
+
+
+def cmd_run(argv: list[str]) -> None:
+    flags_with_value = {"--name", "--label", "--network", "--ipc", "--shm-size", "--gpus",
+                        "--volume", "-v", "--env-file", "--env", "-e", "--entrypoint", "--pid",
+                        "--volumes-from"}
+    opts: dict[str, list[str]] = {}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        flag = argv[i]
+        if "=" in flag and flag.split("=", 1)[0] in flags_with_value:
+            flag, value = flag.split("=", 1)
+            opts.setdefault(flag, []).append(value)
+        elif flag in flags_with_value:
+            opts.setdefault(flag, []).append(argv[i + 1])
+            i += 1
+        else:
+            opts.setdefault(flag, []).append("")
+        i += 1
+    image, args = argv[i], argv[i + 1:]
+    name = (opts.get("--name") or [f"shim-{secrets.token_hex(4)}"])[-1]
+    if cdir(name).exists():
+        die(f"docker: Error response from daemon: Conflict. The container name \"/{name}\" is "
+            "already in use.", 125)
+    cid = secrets.token_hex(32)
+    mounts: list[list[str]] = []  # [host path, container path, "anon" | "bind"]
+    for v in opts.get("--volume", []) + opts.get("-v", []):
+        src, _, dst = v.partition(":")
+        if not dst:  # anonymous volume
+            host = VOLUMES / cid / src.strip("/").replace("/", "_")
+            host.mkdir(parents=True, exist_ok=True)
+            mounts.append([str(host), src, "anon"])
+        else:
+            Path(src).mkdir(parents=True, exist_ok=True)
+            mounts.append([src, dst.split(":")[0], "bind"])
+    for other in opts.get("--volumes-from", []):
+        theirs = load(other)
+        if not theirs:
+            die(f"docker: Error response from daemon: No such container: {other}", 125)
+        mounts += [[h, c, "from"] for h, c, _ in theirs["mounts"]]
+    env = dict(IMAGE_ENV)
+    for f in opts.get("--env-file", []):
+        env.update(parse_env_file(f))
+    for kv in opts.get("--env", []) + opts.get("-e", []):
+        key, _, value = kv.partition("=")
+        env[key] = value
+    # the runner's fault injection for one container (never the program's): SHIM_EXTRA_ENV
+    env.update(json.loads(os.environ.get("SHIM_EXTRA_ENV") or "{}").get(name, {}))
+    entry = (opts.get("--entrypoint") or [""])[-1]
+    command = ([entry] if entry else []) + args
+    if not command:
+        die("docker: no command", 125)
+    cdir(name).mkdir(parents=True)
+    config = {"name": name, "id": cid, "image": image, "env": env, "mounts": mounts,
+              "command": command, "labels": opts.get("--label", []),
+              "pid_mode": (opts.get("--pid") or [""])[-1], "created": time.time(),
+              "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":")}
+    (cdir(name) / "config.json").write_text(json.dumps(config))
+    log = open(cdir(name) / "log", "ab")
+    subprocess.Popen([sys.executable, __file__, "_supervise", name], stdin=subprocess.DEVNULL,
+                     stdout=log, stderr=log, start_new_session=True, close_fds=True)
+    for _ in range(200):  # the container is "running" once its init has its namespace
+        if (cdir(name) / "mntns").exists() or exit_code(name) is not None:
+            break
+        time.sleep(0.01)
+    if "--detach" not in opts and "-d" not in opts:
+        while status(name) == "running":
+            time.sleep(0.1)
+        sys.stdout.write(_read(cdir(name) / "log"))
+        sys.exit(exit_code(name) or 0)
+    print(cid)
+
+
+def cmd_supervise(name: str) -> None:
+    child = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable,
+                              __file__, "_init", name])
+    (cdir(name) / "pid").write_text(str(child.pid))
+    rc = child.wait()
+    kill_all(name)  # the PID namespace ends with its first process
+    (cdir(name) / "exitcode").write_text(str(rc if rc >= 0 else 128 - rc))
+
+
+def cmd_init(name: str) -> None:
+    config = load(name)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
+    # a container's writable layer: what it writes there dies with it (SHIM_PRIVATE_DIRS)
+    for d in filter(None, config.get("private", [])):
+        os.makedirs(d, exist_ok=True)
+        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
+    for host, ctr, _kind in config["mounts"]:
+        os.makedirs(ctr, exist_ok=True)
+        subprocess.run(["mount", "--bind", host, ctr], check=True)
+    (cdir(name) / "mntns").write_text(os.readlink("/proc/self/ns/mnt"))
+    os.chdir("/")
+    cmd = config["command"]
+    try:
+        os.execvpe(cmd[0], cmd, config["env"])
+    except OSError as err:
+        print(f"exec {cmd[0]}: {err}", file=sys.stderr)
+        sys.exit(127)
+
+
+def _must(name: str) -> dict:
+    config = load(name)
+    if not config:
+        die(f"Error: No such container: {name}")
+    return config
+
+
+def cmd_inspect(argv: list[str]) -> None:
+    fmt = None
+    if argv and argv[0] == "--format":
+        fmt, argv = argv[1], argv[2:]
+    elif argv and argv[0].startswith("--format="):
+        fmt, argv = argv[0].split("=", 1)[1], argv[1:]
+    rc = 0
+    for name in argv:
+        config = load(name)
+        if not config:
+            print(f"Error: No such object: {name}", file=sys.stderr)
+            rc = 1
+            continue
+        code = exit_code(name)
+        fields = {"{{.State.Status}}": status(name), "{{.State.ExitCode}}": str(code or 0),
+                  "{{.Id}}": config["id"], "{{.Name}}": "/" + name}
+        if fmt is None:
+            print(json.dumps([{"Id": config["id"], "State": {"Status": fields["{{.State.Status}}"],
+                                                           "ExitCode": code or 0}}]))
+            continue
+        out = fmt
+        for k, v in fields.items():
+            out = out.replace(k, v)
+        print(out)
+    sys.exit(rc)
+
+
+def cmd_image(argv: list[str]) -> None:
+    if argv[:1] != ["inspect"]:
+        die(f"docker image {' '.join(argv)}: not emulated")
+    fmt = argv[2] if len(argv) > 2 and argv[1] == "--format" else None
+    image_id = "sha256:" + "0" * 64  # the machine is the image
+    print(fmt.replace("{{.Id}}", image_id).replace("{{range .RepoDigests}}{{.}} {{end}}", "")
+          if fmt else json.dumps([{"Id": image_id}]))
+
+
+def cmd_logs(argv: list[str]) -> None:
+    tail = None
+    if argv and argv[0] == "--tail":
+        tail, argv = int(argv[1]), argv[2:]
+    name = argv[0]
+    _must(name)
+    lines = _read(cdir(name) / "log").splitlines()
+    if tail is not None:
+        lines = lines[-tail:] if tail else []
+    sys.stdout.write("".join(line + "\n" for line in lines))
+
+
+def cmd_rm(argv: list[str]) -> None:
+    names = [a for a in argv if not a.startswith("-")]
+    rc = 0
+    for name in names:
+        config = load(name)
+        if not config:
+            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
+            rc = 1
+            continue
+        if status(name) == "running" and "--force" not in argv and "-f" not in argv:
+            print(f"Error response from daemon: You cannot remove a running container {name}",
+                  file=sys.stderr)
+            rc = 1
+            continue
+        kill_all(name)
+        if "--volumes" in argv or "-v" in argv:
+            shutil.rmtree(VOLUMES / config["id"], ignore_errors=True)
+        shutil.rmtree(cdir(name), ignore_errors=True)
+        print(name)
+    sys.exit(rc)
+
+
+def cmd_exec(argv: list[str]) -> None:
+    while argv and argv[0].startswith("-"):
+        argv = argv[1:]  # -i: stdin is passed through as it is
+    name, cmd = argv[0], argv[1:]
+    config = _must(name)
+    if status(name) != "running":
+        die(f"Error response from daemon: container {name} is not running")
+    pid = init_pid(name)
+    os.execvp("nsenter", ["nsenter", "-t", str(pid), "-m", "--wd=/", "--", "env", "-i",
+                          *[f"{k}={v}" for k, v in config["env"].items()], *cmd])
+
+
+def cmd_cp(argv: list[str]) -> None:
+    src, dst = argv[-2:]
+    name, _, path = dst.partition(":")
+    _must(name)
+    if status(name) != "running":
+        die(f"Error response from daemon: container {name} is not running")
+    src = os.path.abspath(src) + ("/." if src.endswith("/.") else "")
+    if src.endswith("/."):
+        script = f'mkdir -p "$2" && cp -a "$1" "$2"'
+    else:
+        script = 'cp -a "$1" "$2"'
+    sys.exit(subprocess.run(["nsenter", "-t", str(init_pid(name)), "-m", "--", "sh", "-c",
+                             script, "cp", src, path]).returncode)
+
+
+def cmd_kill(argv: list[str]) -> None:
+    sig = signal.SIGKILL
+    if argv and argv[0] in ("-s", "--signal"):
+        sig, argv = getattr(signal, "SIG" + argv[1].removeprefix("SIG")), argv[2:]
+    for name in argv:
+        _must(name)
+        pid = init_pid(name)
+        if pid is None or status(name) != "running":
+            die(f"Error response from daemon: container {name} is not running")
+        os.kill(pid, sig)
+        print(name)
+
+
+def cmd_ps(_argv: list[str]) -> None:
+    for d in sorted(STATE.iterdir()) if STATE.exists() else []:
+        print(d.name, status(d.name), exit_code(d.name))
+
+
+def main(argv: list[str]) -> None:
+    STATE.mkdir(parents=True, exist_ok=True)
+    if not argv:
+        die("usage: docker COMMAND")
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "_supervise":
+        cmd_supervise(rest[0])
+    elif cmd == "_init":
+        cmd_init(rest[0])
+    elif cmd == "version":
+        print("24.0.0-spark-vllm-shim")
+    else:
+        table = {"run": cmd_run, "inspect": cmd_inspect, "image": cmd_image, "logs": cmd_logs,
+                 "rm": cmd_rm, "exec": cmd_exec, "cp": cmd_cp, "kill": cmd_kill, "ps": cmd_ps}
+        if cmd not in table:
+            die(f"docker {cmd}: not emulated by the GPU tier's shim")
+        table[cmd](rest)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,629 @@
+"""The GPU tier's scenario runner: the program's own rendered commands against real vLLM.
+
+Runs on the GPU machine (lab/gpu/README.md): every script it runs comes from components/ by
+calling its builders (the Ray head's and vLLM's start scripts with their argv, env, env-files,
+non-carry-over list and middleware, the model staging, the gate, the probe, the liveness read,
+the remove scripts), executed with `sh -c` as pulumi-command would on a node, with `docker`
+being lab/gpu/docker_shim.py (one mount namespace per container). What vLLM did is written to
+OUT/observations-<version>.json; tests/vllm_sim/test_real_vllm_fidelity.py plays it against
+vllm-sim. The same runner runs on the CPU against vllm-sim (tests/gpu_tier), so a runner bug
+never costs GPU time.
+
+    python3 lab/gpu/runner.py --out DIR --part serve|restart|all [--site DIR] [--hf DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from components import commands  # noqa: E402
+from components import spec as specmod  # noqa: E402
+
+IMAGE = "spark-vllm-gpu-tier:local"  # recorded only: the machine is the image (docker_shim)
+HF_TOKEN = "hf_observation_not_a_real_token"
+API_KEY = "observation-api-key-not-secret"
+SECRETS = frozenset({"sshPrivateKey", "hfToken", "apiKey"})
+# NVLink multicast stays off on shared hosts (the device's KINDS.md); flashinfer does not travel
+# (its sampler is imported unless told not to: vllm/v1/sample/ops/topk_topp_sampler.py)
+MACHINE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+               "NVSHMEM_DISABLE_NVLS": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
+# vLLM's log lines the observations keep (with their time since the container started)
+LOG_MARKS = ("Available KV cache memory", "GPU KV cache size", "torch.compile takes",
+             "Directly load the compiled graph", "init engine", "Starting vLLM API server",
+             "Tensor parallel size", "Waiting for creating a placement group",
+             "number of required GPUs", "died unexpectedly", "Executor failed",
+             "engine core exited", "Model loading took", "Graph capturing finished",
+             "Application startup complete", "Shutting down", "non_carry_over",
+             "Error", "error:")
+ROUTES = [("GET", "/health"), ("GET", "/ping"), ("GET", "/v1/models"), ("GET", "/metrics"),
+          ("GET", "/version"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"),
+          ("POST", "/v1/completions"), ("POST", "/tokenize")]
+ENV_KEYS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NCCL_SOCKET_IFNAME",
+            "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "NCCL_IB_HCA",
+            "VLLM_HOST_IP", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE", "VLLM_CONFIG_ROOT",
+            "VLLM_RPC_BASE_PATH", "RAY_ADDRESS", "PYTHONPATH", "SPARK_OBS_CARRIED")
+
+
+def now() -> float:
+    return time.monotonic()
+
+
+def machine_ip() -> str:
+    """The address Ray registers (it rewrites 127.0.0.1 to the machine's own)."""
+    for probe in ("8.8.8.8", "10.255.255.255"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 80))
+                ip = s.getsockname()[0]
+                if not ip.startswith("127."):
+                    return ip
+        except OSError:
+            pass
+    for line in Path("/proc/net/fib_trie").read_text().splitlines():  # LOCAL entries
+        m = re.search(r"\|-- (\d+\.\d+\.\d+\.\d+)", line)
+        if m and not m.group(1).startswith(("127.", "0.")) and not m.group(1).endswith(".255"):
+            return m.group(1)
+    return socket.gethostbyname(socket.gethostname())
+
+
+class Tier:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.out = Path(args.out)
+        self.site, self.hf = args.site, args.hf
+        self.vllm_cache = args.vllm_cache
+        self.obs: dict[str, Any] = {"scenarios": {}}
+        self.ip = args.ip or machine_ip()
+        self.port = 8000
+        self.shim_dir = Path(args.shim_dir)
+        self.shim_dir.mkdir(parents=True, exist_ok=True)
+        shim = self.shim_dir / "docker_shim.py"
+        shim.write_text((REPO / "lab/gpu/docker_shim.py").read_text())
+        docker = self.shim_dir / "docker"
+        docker.write_text(f"#!/bin/sh\nexec {sys.executable} {shim} \"$@\"\n")
+        docker.chmod(0o755)
+        py_bin = str(Path(sys.executable).parent)
+        image_env = {"PATH": f"{self.site}/bin:{py_bin}:/usr/local/sbin:/usr/local/bin:"
+                             "/usr/sbin:/usr/bin:/sbin:/bin",
+                     "PYTHONPATH": self.site, "HOME": "/root", "LANG": "C.UTF-8",
+                     **MACHINE_ENV, **json.loads(args.image_env or "{}")}
+        self.host_env = {**os.environ, "PATH": f"{self.shim_dir}:{os.environ['PATH']}",
+                         "HOME": "/root", "SHIM_IMAGE_ENV": json.dumps(image_env),
+                         # a container's writable layer: private in each container
+                         "SHIM_PRIVATE_DIRS": "/root/.cache:/root/.triton:/root/.config"}
+        self.image_env = image_env
+
+    # --- running the program's scripts -------------------------------------------------
+
+    def sh(self, script: str, stdin: str = "", extra_env: dict | None = None,
+           timeout: float = 900) -> dict[str, Any]:
+        """Run a rendered script as pulumi-command would (`sh -c`, stdin); stderr lines are
+        kept with their time, so a long wait shows its progress lines."""
+        env = dict(self.host_env)
+        if extra_env:
+            env["SHIM_EXTRA_ENV"] = json.dumps(extra_env)
+        start = now()
+        proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                text=True, cwd="/root")
+        lines: list[list[Any]] = []
+
+        def read_err() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                lines.append([round(now() - start, 2), line.rstrip("\n")])
+        t = threading.Thread(target=read_err, daemon=True)
+        t.start()
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        try:
+            out = proc.stdout.read()
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc, out = -9, ""
+        t.join(5)
+        return {"rc": rc, "seconds": round(now() - start, 2), "stdout": out.strip()[-2000:],
+                "stderr": lines[-80:]}
+
+    def spec(self, stack: str = "gpu", model: str = "spark-vllm/tiny-dense", tp: int = 1,
+             vllm_args: tuple[str, ...] = (), env: dict | None = None,
+             ghost_node: str | None = None, vllm_timeout: int = 900) -> specmod.ClusterSpec:
+        nodes = [{"name": "h200", "host": self.ip, "gpus": 1}]
+        if ghost_node:  # a node that never joins: the layout wants a GPU Ray does not have
+            nodes.append({"name": "ghost", "host": ghost_node, "gpus": 1})
+        raw = {"nodes": nodes, "image": IMAGE, "model": model, "tensorParallelSize": tp,
+               "hfCache": self.hf, "modelStaging": "copy", "port": self.port,
+               "env": {"VLLM_CACHE_ROOT": self.vllm_cache, **(env or {})},
+               "vllmArgs": list(vllm_args), "vllmTimeout": vllm_timeout, "rayTimeout": 120}
+        return specmod.parse_spec(raw, stack, SECRETS)
+
+    def head_up(self, spec: specmod.ClusterSpec) -> dict:
+        return self.sh(commands.start_script(spec, spec.head, commands.HEAD,
+                                             commands.head_run_argv(spec)),
+                       commands.secret_env_file(commands.HEAD, HF_TOKEN, API_KEY))
+
+    def gate(self, spec: specmod.ClusterSpec) -> dict:
+        return self.sh(commands.gate_script(spec, [json.dumps(self.preflight_report())]),
+                       commands.gate_program())
+
+    def stage(self, spec: specmod.ClusterSpec) -> dict:
+        return self.sh(commands.stage_script(spec), commands.staging_stdin(
+            commands.secret_env_file(commands.MODEL_ROLE, HF_TOKEN, None)))
+
+    def vllm_up(self, spec: specmod.ClusterSpec, extra_env: dict | None = None) -> dict:
+        return self.sh(commands.start_script(spec, spec.head, commands.VLLM,
+                                             commands.vllm_run_argv(spec)),
+                       commands.vllm_stdin(HF_TOKEN, API_KEY), extra_env=extra_env)
+
+    def liveness(self, spec: specmod.ClusterSpec) -> dict:
+        r = self.sh(commands.inspect_script(commands.container_name(spec, commands.VLLM),
+                                            commands.probe_target(spec)),
+                    commands.script_text("vllm_probe.py"))
+        r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
+        return r
+
+    def probe(self, spec: specmod.ClusterSpec, *mode: str) -> dict:
+        name = commands.container_name(spec, commands.VLLM)
+        argv = ["docker", "exec", "-i", name, "python3", "-", *commands.probe_target(spec),
+                *mode]
+        return self.sh(shlex.join(argv), commands.script_text("vllm_probe.py"))
+
+    def remove(self, spec: specmod.ClusterSpec, role: str) -> dict:
+        return self.sh(commands.remove_script(spec, spec.head, role))
+
+    def docker(self, *argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", *argv], env=self.host_env, capture_output=True,
+                              text=True)
+
+    def preflight_report(self) -> dict:
+        """What the preflight prints for this node (the preflight itself needs `ip` and a
+        registry, which the GPU machine lacks): the versions are read from the install."""
+        code = ("import ray, sys, importlib.metadata as m; "
+                "print(ray.__version__, sys.version.split()[0], m.version('vllm'))")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": self.site})
+        ray_v, py, vllm = (out.stdout.split() + ["?", "?", "?"])[:3]
+        return {"node": "h200", "identity": self.ip, "docker": "shim", "gpus": "1",
+                "image_id": "sha256:" + "0" * 64, "ray": ray_v, "python": py, "vllm": vllm}
+
+    def container_log(self, spec: specmod.ClusterSpec, role: str) -> list[str]:
+        log = self.docker("logs", commands.container_name(spec, role)).stdout.splitlines()
+        return [line[:400] for line in log if any(m in line for m in LOG_MARKS)][-60:]
+
+    # --- HTTP ----------------------------------------------------------------------------
+
+    def http(self, method: str, path: str, body: Any = None, key: bool = True,
+             timeout: float = 30) -> dict:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {API_KEY}"
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
+                                     headers=headers, method=method)
+        start = now()
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                text = resp.read().decode(errors="replace")
+                return {"status": resp.status, "body": text, "seconds": round(now() - start, 3)}
+        except urllib.error.HTTPError as err:
+            return {"status": err.code, "body": err.read().decode(errors="replace")[:500],
+                    "seconds": round(now() - start, 3)}
+        except (OSError, urllib.error.URLError) as err:
+            return {"status": None, "error": f"{type(err).__name__}: {err}"[:200],
+                    "seconds": round(now() - start, 3)}
+
+    def chat(self, served: str, extra: dict | None = None, timeout: float = 30,
+             max_tokens: int = 16) -> dict:
+        body = {"model": served, "max_tokens": max_tokens,
+                "messages": [{"role": "user", "content": "spark-vllm smoke test"}],
+                **(extra or {})}
+        r = self.http("POST", "/v1/chat/completions", body, timeout=timeout)
+        if r.get("status") == 200:
+            r["json"] = json.loads(r.pop("body"))
+        return r
+
+    def canary(self, served: str, bound_s: float) -> dict:
+        """A streaming chat: seconds to its first token, or none within bound_s."""
+        body = {"model": served, "max_tokens": 4, "stream": True,
+                "messages": [{"role": "user", "content": "canary"}]}
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+        start = now()
+        try:
+            with urllib.request.urlopen(req, timeout=bound_s) as resp:
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    delta = json.loads(line[5:])["choices"][0].get("delta", {})
+                    if any(delta.get(k) for k in ("content", "reasoning", "reasoning_content")):
+                        return {"first_token_s": round(now() - start, 3)}
+            return {"first_token_s": None, "ended_s": round(now() - start, 3)}
+        except (OSError, urllib.error.URLError) as err:
+            return {"first_token_s": None, "error": f"{type(err).__name__}"[:80],
+                    "after_s": round(now() - start, 3)}
+
+    def metrics(self) -> dict:
+        r = self.http("GET", "/metrics", timeout=5)
+        if r.get("status") != 200:
+            return {"status": r.get("status")}
+        sums: dict[str, float] = {}
+        for line in r["body"].splitlines():
+            m = re.match(r"^(vllm:[a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+            if m and m.group(1) in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                                    "vllm:generation_tokens_total"):
+                sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
+        return {"status": 200, **{k.split(":")[1]: v for k, v in sums.items()}}
+
+    def metric_names(self) -> dict:
+        r = self.http("GET", "/metrics", timeout=5)
+        names: dict[str, dict] = {}
+        kind: dict[str, str] = {}
+        for line in r.get("body", "").splitlines():
+            if line.startswith("# TYPE vllm:"):
+                _, _, name, typ = line.split()
+                kind[name] = typ
+            m = re.match(r"^(vllm:[a-z_:]+?)(_bucket|_sum|_count|_created)?(\{([^}]*)\})? ", line)
+            if m:
+                base = m.group(1)
+                labels = sorted(re.findall(r'([a-z_]+)="', m.group(4) or ""))
+                entry = names.setdefault(base, {"labels": set(), "type": kind.get(base, "")})
+                entry["labels"].update(labels)
+        return {n: {"type": e["type"] or kind.get(n, ""), "labels": sorted(e["labels"])}
+                for n, e in sorted(names.items())}
+
+    # --- rank processes --------------------------------------------------------------------
+
+    def rank_pid(self) -> int | None:
+        """The rank's process: the Ray actor the env probe saw, else a RayWorkerProc title."""
+        for f in sorted(Path("/root/obs/envprobe").glob("*.json")):
+            d = json.loads(f.read_text())
+            if d.get("actor") and Path(f"/proc/{d['pid']}").exists():
+                return int(d["pid"])
+        out = subprocess.run(["pgrep", "-f", "RayWorkerProc"], capture_output=True, text=True)
+        pids = [int(p) for p in out.stdout.split()]
+        return pids[0] if pids else None
+
+    def record(self, name: str, fn: Callable[[], Any]) -> Any:
+        start = now()
+        print(f"[gpu-tier] {name} ...", flush=True)
+        try:
+            result = fn()
+        except Exception as err:  # noqa: BLE001 - one scenario's failure is an observation
+            result = {"runner_error": f"{type(err).__name__}: {err}",
+                      "trace": traceback.format_exc()[-1500:]}
+        if isinstance(result, dict):
+            result.setdefault("scenario_seconds", round(now() - start, 2))
+        self.obs["scenarios"][name] = result
+        print(f"[gpu-tier] {name}: {json.dumps(result)[:300]}", flush=True)
+        self.save()
+        return result
+
+    def save(self) -> None:
+        h = self.obs.get("header", {})
+        path = self.out / f"observations-{h.get('vllm', 'unknown')}-{h.get('part', 'all')}.json"
+        path.write_text(json.dumps(self.obs, indent=1, sort_keys=True, default=str) + "\n")
+
+    # --- scenarios -------------------------------------------------------------------------
+
+    def header(self, part: str) -> None:
+        pf = self.preflight_report()
+        try:
+            gpu = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version",
+                                  "--format=csv,noheader"], capture_output=True, text=True)
+        except OSError:
+            gpu = subprocess.CompletedProcess([], 1, "", "")
+        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        self.obs["header"] = {
+            "vllm": pf["vllm"], "ray": pf["ray"], "python": pf["python"],
+            "torch": _version("torch"), "transformers": _version("transformers"),
+            "gpu": gpu.stdout.strip() or "none", "machine": os.uname().nodename,
+            "cpus": os.cpu_count(), "kernel": os.uname().release,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "commit": commit or os.environ.get("SPARK_VLLM_COMMIT", "unknown"),
+            "part": part, "identity_ip": self.ip,
+            "layout": "docker_shim: one mount namespace per container (private /tmp and "
+                      "writable-layer dirs, the head's /tmp/ray shared), host net/pid/ipc",
+        }
+
+    def serve_part(self) -> None:
+        s = self.spec(vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5",
+                                 "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
+                                 "--tool-call-parser", "hermes"))
+        served = s.served_name
+        Path("/root/obs/envprobe").mkdir(parents=True, exist_ok=True)
+        self.record("parser", lambda: self.parser_cases(s))  # CPU only, in the background
+        self.record("head_start", lambda: self.head_up(s))
+        self.record("gate", lambda: self.gate(s))
+        self.record("stage", lambda: self.stage(s))
+        # only the vLLM container gets these (the runner's, not the program's): a fabric key
+        # and a secret that differ from the head's, and a variable nobody excludes
+        vllm_only = {commands.container_name(s, commands.VLLM): {
+            "NCCL_SOCKET_IFNAME": "vllm-only0", "HF_TOKEN": "hf_vllm_container_only",
+            "SPARK_OBS_CARRIED": "from-the-vllm-container"}}
+        self.record("serve_cold", lambda: {**self.vllm_up(s, vllm_only),
+                                           "log": self.container_log(s, commands.VLLM)})
+        self.record("liveness_serving", lambda: self.liveness(s))
+        self.record("probe_modes", lambda: {m: self.probe(s, *a) for m, a in {
+            "ready": ("ready",), "smoke": ("smoke",), "wait_smoke": ("wait", "5", "smoke")}
+            .items()})
+        self.record("routes", self.routes)
+        self.record("rank_env", self.rank_env)
+        self.record("reasoning", lambda: self.chat(served))
+        self.record("reasoning_off", lambda: self.chat(
+            served, {"chat_template_kwargs": {"enable_thinking": False}}))
+        self.record("tool_call", lambda: self.tool_calls(served))
+        self.record("metric_names", self.metric_names)
+        self.record("busy_queue", lambda: self.busy(served))
+        self.record("frozen_idle", lambda: self.frozen(s, served, load=0, seconds=40))
+        self.record("frozen_loaded", lambda: self.frozen(s, served, load=16, seconds=25))
+        self.record("rank_killed", lambda: self.kill_rank(s))
+        self.record("cleanup", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
+                                                                      commands.HEAD)})
+
+    def restart_part(self) -> None:
+        s = self.spec(vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"))
+        # a Ray-container replacement: a new head, a new vLLM, the compile cache on the host
+        self.record("head_start_again", lambda: self.head_up(s))
+        self.record("serve_cache_kept", lambda: {**self.vllm_up(s),
+                                                 "log": self.container_log(s, commands.VLLM)})
+        self.record("sigterm", lambda: self.sigterm(s))
+        tp2 = self.spec(tp=2, ghost_node="10.255.255.2", vllm_timeout=240,
+                        vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"))
+        self.record("tp2_one_gpu", lambda: {**self.vllm_up(tp2),
+                                            "log_after": "(container removed by the script)"})
+        self.record("host_ip_not_local", lambda: self.bad_host_ip(self.spec(
+            vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"),
+            vllm_timeout=240)))
+        self.record("cleanup_restart", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
+                                                                              commands.HEAD)})
+
+    def parser_cases(self, s: specmod.ClusterSpec) -> dict:
+        """How `vllm serve`'s parser reads flags the program owns or refuses, without an
+        engine: vLLM's own parser in one process, and the CLI's exit code for two refusals."""
+        code = (
+            "import json, sys\n"
+            "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+            "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+            "cases = json.loads(sys.argv[1]); res = {}\n"
+            "for name, argv in cases.items():\n"
+            "    p = make_arg_parser(FlexibleArgumentParser())\n"
+            "    try:\n"
+            "        a = p.parse_args(argv)\n"
+            "        res[name] = {'tp': a.tensor_parallel_size, 'pp': a.pipeline_parallel_size,"
+            " 'dp': a.data_parallel_size, 'nnodes': getattr(a, 'nnodes', None),"
+            " 'backend': a.distributed_executor_backend}\n"
+            "    except SystemExit as e:\n"
+            "        res[name] = {'exit': e.code}\n"
+            "print(json.dumps(res))\n")
+        m = s.model
+        cases = {"-t 4": ["serve", m, "-t", "4"],
+                 "--tensor_parallel_size 3": ["serve", m, "--tensor_parallel_size", "3"],
+                 "--tensor-parallel 5": ["serve", m, "--tensor-parallel", "5"],
+                 "-dp 2": ["serve", m, "-dp", "2"],
+                 "--nnodes 2 ray": ["serve", m, "--nnodes", "2",
+                                    "--distributed-executor-backend", "ray"],
+                 "--disable-log-requests": ["serve", m, "--disable-log-requests"],
+                 "--no-such-flag": ["serve", m, "--no-such-flag"]}
+        env = {**os.environ, **self.image_env}
+        result: dict[str, Any] = {}
+        with ThreadPoolExecutor(3) as pool:
+            parsed = pool.submit(subprocess.run, [sys.executable, "-c", code, json.dumps(cases)],
+                                 capture_output=True, text=True, env=env, timeout=240)
+            clis = {flag: pool.submit(subprocess.run, ["vllm", "serve", m, flag],
+                                      capture_output=True, text=True, env=env, timeout=240)
+                    for flag in ("--disable-log-requests", "--no-such-flag")}
+            p = parsed.result()
+            try:
+                result["parsed"] = json.loads(p.stdout.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                result["parsed_error"] = (p.stdout + p.stderr)[-1500:]
+            for flag, fut in clis.items():
+                r = fut.result()
+                result[f"cli {flag}"] = {"exit": r.returncode,
+                                         "stderr_tail": r.stderr.strip().splitlines()[-3:]}
+        return result
+
+    def routes(self) -> dict:
+        out: dict[str, Any] = {}
+        body = {"model": "x", "prompt": "hi", "max_tokens": 1}
+        for method, path in ROUTES:
+            b = body if method == "POST" else None
+            out[f"{method} {path}"] = {"no_key": self.http(method, path, b, key=False)["status"],
+                                       "with_key": self.http(method, path, b)["status"]}
+        out["WS /v1/realtime"] = {"no_key": ws_status(self.port, "/v1/realtime", None),
+                                  "with_key": ws_status(self.port, "/v1/realtime", API_KEY)}
+        return out
+
+    def rank_env(self) -> dict:
+        seen = []
+        for f in sorted(Path("/root/obs/envprobe").glob("*.json")):
+            d = json.loads(f.read_text())
+            seen.append({"actor": bool(d.get("actor")), "cmdline": d["cmdline"][:120],
+                         "env": {k: d["env"].get(k) for k in ENV_KEYS}})
+        return {"processes": seen,
+                "vllm_container_only": ["NCCL_SOCKET_IFNAME=vllm-only0",
+                                        "HF_TOKEN=hf_vllm_container_only",
+                                        "SPARK_OBS_CARRIED=from-the-vllm-container"]}
+
+    def tool_calls(self, served: str) -> dict:
+        tool = {"type": "function", "function": {
+            "name": "get_time", "description": "the time in a zone",
+            "parameters": {"type": "object", "properties": {"zone": {"type": "string",
+                                                                     "enum": ["utc", "cet"]}},
+                           "required": ["zone"], "additionalProperties": False}}}
+        named = self.chat(served, {"tools": [tool], "tool_choice": {
+            "type": "function", "function": {"name": "get_time"}}}, max_tokens=64)
+        auto = self.chat(served, {"tools": [tool], "tool_choice": "auto"}, max_tokens=16)
+        return {"named": named, "auto": auto}
+
+    def busy(self, served: str) -> dict:
+        """A long queue: many long requests at once; metrics and a canary meanwhile."""
+        body = {"model": served, "max_tokens": 1500, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "go on"}]}
+        samples: list[dict] = []
+        with ThreadPoolExecutor(64) as pool:
+            futs = [pool.submit(self.http, "POST", "/v1/chat/completions", body, True, 300)
+                    for _ in range(300)]
+            start = now()
+            time.sleep(1.0)
+            canary = self.canary(served, 30)
+            while not all(f.done() for f in futs) and now() - start < 60:
+                samples.append({"t": round(now() - start, 2), **self.metrics()})
+                time.sleep(1.0)
+            done = sum(1 for f in futs if f.done() and f.result().get("status") == 200)
+        return {"requests": 300, "max_tokens": 1500, "answered": done, "canary": canary,
+                "samples": samples[:60], "seconds": round(now() - start, 2)}
+
+    def frozen(self, s: specmod.ClusterSpec, served: str, load: int, seconds: int) -> dict:
+        pid = self.rank_pid()
+        if pid is None:
+            return {"runner_error": "no rank process found"}
+        body = {"model": served, "max_tokens": 3000, "ignore_eos": True,
+                "messages": [{"role": "user", "content": "go on"}]}
+        samples: list[dict] = []
+        with ThreadPoolExecutor(max(load, 1) + 2) as pool:
+            loads = [pool.submit(self.http, "POST", "/v1/chat/completions", body, True, 120)
+                     for _ in range(load)]
+            if load:
+                time.sleep(2.0)
+            before = self.metrics()
+            os.kill(pid, signal.SIGSTOP)
+            start = now()
+            canary = pool.submit(self.canary, served, 30)
+            live = pool.submit(self.liveness, s)
+            while now() - start < seconds:
+                samples.append({"t": round(now() - start, 2),
+                                 "health": self.http("GET", "/health", timeout=3)["status"],
+                                 **self.metrics()})
+                time.sleep(2.0)
+            canary_r, live_r = canary.result(), live.result()
+            os.kill(pid, signal.SIGCONT)
+            resumed = now()
+            after = self.canary(served, 60)
+            for f in loads:
+                f.cancel()
+        return {"rank_pid": pid, "load": load, "frozen_s": seconds, "before": before,
+                "samples": samples, "canary_while_frozen": canary_r,
+                "liveness_while_frozen": {"state": live_r.get("state"),
+                                          "seconds": live_r.get("seconds")},
+                "canary_after_sigcont": after, "recovered_in_s": round(now() - resumed, 2)}
+
+    def kill_rank(self, s: specmod.ClusterSpec) -> dict:
+        pid = self.rank_pid()
+        if pid is None:
+            return {"runner_error": "no rank process found"}
+        name = commands.container_name(s, commands.VLLM)
+        os.kill(pid, signal.SIGKILL)
+        start = now()
+        health: list[list[Any]] = []
+        last = "start"
+        while now() - start < 60:
+            st = self.docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                             name).stdout.strip()
+            code = self.http("GET", "/health", key=False, timeout=1)["status"]
+            if [code, st] != last:
+                health.append([round(now() - start, 2), code, st])
+                last = [code, st]
+            if st.startswith("exited"):
+                break
+            time.sleep(0.2)
+        return {"health_and_state": health, "final": last,
+                "liveness_after": self.liveness(s).get("state"),
+                "log": self.container_log(s, commands.VLLM)}
+
+    def sigterm(self, s: specmod.ClusterSpec) -> dict:
+        name = commands.container_name(s, commands.VLLM)
+        self.docker("kill", "-s", "TERM", name)
+        start = now()
+        while now() - start < 60:
+            st = self.docker("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}",
+                             name).stdout.strip()
+            if st.startswith("exited"):
+                return {"exited_after_s": round(now() - start, 2), "state": st,
+                        "log": self.container_log(s, commands.VLLM)[-8:]}
+            time.sleep(0.2)
+        return {"exited_after_s": None, "state": st}
+
+    def bad_host_ip(self, s: specmod.ClusterSpec) -> dict:
+        """VLLM_HOST_IP not an address of this machine while Ray is right (the runner's
+        override: the program cannot render this, spec invariant 1)."""
+        self.remove(s, commands.VLLM)
+        bad = {commands.container_name(s, commands.VLLM): {"VLLM_HOST_IP": "10.255.255.3"}}
+        r = self.vllm_up(s, bad)
+        r["log"] = self.container_log(s, commands.VLLM)
+        if r["rc"] == 0:
+            r["chat"] = self.chat(s.served_name)
+        return r
+
+
+def ws_status(port: int, path: str, key: str | None) -> Any:
+    """The websocket handshake's answer: 101 accepted, else the HTTP status it refused with."""
+    req = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
+           "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+           "Sec-WebSocket-Version: 13\r\n"
+           + (f"Authorization: Bearer {key}\r\n" if key else "") + "\r\n")
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+            sock.sendall(req.encode())
+            line = sock.recv(4096).decode(errors="replace").split("\r\n", 1)[0]
+        return int(line.split()[1])
+    except (OSError, ValueError, IndexError) as err:
+        return f"{type(err).__name__}"
+
+
+def _version(pkg: str) -> str:
+    try:
+        import importlib.metadata as md
+        return md.version(pkg)
+    except Exception:  # noqa: BLE001
+        return "none"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--part", choices=["serve", "restart", "all"], default="all")
+    ap.add_argument("--site", default="/root/site")
+    ap.add_argument("--hf", default="/root/hf")
+    ap.add_argument("--vllm-cache", default="/root/vllm-cache")
+    ap.add_argument("--shim-dir", default="/root/shim-bin")
+    ap.add_argument("--ip", default="")
+    ap.add_argument("--image-env", default="", help="JSON: more image env (the CPU dry run)")
+    args = ap.parse_args()
+    tier = Tier(args)
+    tier.header(args.part)
+    if args.part in ("serve", "all"):
+        tier.serve_part()
+    if args.part in ("restart", "all"):
+        tier.restart_part()
+    tier.save()
+
+
+if __name__ == "__main__":
+    main()
