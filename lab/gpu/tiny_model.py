@@ -80,7 +80,9 @@ CONFIGS = {
 }
 
 
-def tokenizer_files(out: Path) -> None:
+def tokenizer_files(out: Path) -> int:
+    """Writes the tokenizer files into `out`; returns its vocabulary size, which the config
+    takes (a model that can sample an id the tokenizer lacks breaks detokenization)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -100,6 +102,7 @@ def tokenizer_files(out: Path) -> None:
                                  for i, t in enumerate(SPECIALS)},
     }, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0]}))
+    return int(tok.get_vocab_size())
 
 
 def write(hf_home: Path, kind: str) -> dict:
@@ -114,12 +117,12 @@ def write(hf_home: Path, kind: str) -> dict:
     snap = repo / "snapshots" / commit
     if not (snap / "config.json").exists():
         snap.mkdir(parents=True, exist_ok=True)
+        cfg["vocab_size"] = tokenizer_files(snap)
         model_type = cfg.pop("model_type")
         config = AutoConfig.for_model(model_type, **cfg)
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
         model.save_pretrained(snap, safe_serialization=True)
-        tokenizer_files(snap)
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
     files = sorted(p.name for p in snap.iterdir())
