@@ -59,7 +59,7 @@ CORPUS = [
 BASE = {"vocab_size": VOCAB, "hidden_size": 256, "intermediate_size": 512,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 64, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        "rope_theta": 1000000.0, "tie_word_embeddings": False,
         "bos_token_id": None, "eos_token_id": 2, "pad_token_id": 0}
 CONFIGS = {
     "dense": {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3"},
@@ -121,7 +121,7 @@ def write(hf_home: Path, kind: str) -> dict:
         model_type = cfg.pop("model_type")
         config = AutoConfig.for_model(model_type, **cfg)
         torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)  # config: bf16
         model.save_pretrained(snap, safe_serialization=True)
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
