@@ -392,6 +392,8 @@ class Tier:
         self.record("head_start_again", lambda: self.head_up(s))
         self.record("serve_cache_kept", lambda: {**self.vllm_up(s),
                                                  "log": self.container_log(s, commands.VLLM)})
+        self.record("parser", lambda: self.parser_cases(s))
+        self.record("frozen_loaded", lambda: self.frozen(s, s.served_name, load=16, seconds=25))
         self.record("sigterm", lambda: self.sigterm(s))
         tp2 = self.spec(tp=2, ghost_node="10.255.255.2", vllm_timeout=240,
                         vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"))
@@ -400,8 +402,19 @@ class Tier:
         self.record("host_ip_not_local", lambda: self.bad_host_ip(self.spec(
             vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"),
             vllm_timeout=240)))
+        self.record("kv_fp8_util03", lambda: self.memory(s, (
+            "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
+            "--kv-cache-dtype", "fp8")))
         self.record("cleanup_restart", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
                                                                               commands.HEAD)})
+
+    def memory(self, s: specmod.ClusterSpec, args: tuple[str, ...]) -> dict:
+        """vLLM's own memory lines for one configuration (the estimator's reference)."""
+        self.remove(s, commands.VLLM)
+        m = self.spec(vllm_args=args, vllm_timeout=240)
+        r = self.vllm_up(m)
+        return {"args": list(args), "rc": r["rc"], "seconds": r["seconds"],
+                "log": self.container_log(m, commands.VLLM)}
 
     def parser_cases(self, s: specmod.ClusterSpec) -> dict:
         """How `vllm serve`'s parser reads flags the program owns or refuses, without an
@@ -421,15 +434,14 @@ class Tier:
             "    except SystemExit as e:\n"
             "        res[name] = {'exit': e.code}\n"
             "print(json.dumps(res))\n")
-        m = s.model
-        cases = {"-t 4": ["serve", m, "-t", "4"],
-                 "--tensor_parallel_size 3": ["serve", m, "--tensor_parallel_size", "3"],
-                 "--tensor-parallel 5": ["serve", m, "--tensor-parallel", "5"],
-                 "-dp 2": ["serve", m, "-dp", "2"],
-                 "--nnodes 2 ray": ["serve", m, "--nnodes", "2",
-                                    "--distributed-executor-backend", "ray"],
-                 "--disable-log-requests": ["serve", m, "--disable-log-requests"],
-                 "--no-such-flag": ["serve", m, "--no-such-flag"]}
+        m = s.model  # make_arg_parser is `serve`'s own parser: its argv starts at the model
+        cases = {"-t 4": [m, "-t", "4"],
+                 "--tensor_parallel_size 3": [m, "--tensor_parallel_size", "3"],
+                 "--tensor-parallel 5": [m, "--tensor-parallel", "5"],
+                 "-dp 2": [m, "-dp", "2"],
+                 "--nnodes 2 ray": [m, "--nnodes", "2", "--distributed-executor-backend", "ray"],
+                 "--disable-log-requests": [m, "--disable-log-requests"],
+                 "--no-such-flag": [m, "--no-such-flag"]}
         env = {**os.environ, **self.image_env}
         result: dict[str, Any] = {}
         with ThreadPoolExecutor(3) as pool:
@@ -504,14 +516,14 @@ class Tier:
         pid = self.rank_pid()
         if pid is None:
             return {"runner_error": "no rank process found"}
-        body = {"model": served, "max_tokens": 3000, "ignore_eos": True,
+        body = {"model": served, "max_tokens": 1500, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "go on"}]}
         samples: list[dict] = []
         with ThreadPoolExecutor(max(load, 1) + 2) as pool:
             loads = [pool.submit(self.http, "POST", "/v1/chat/completions", body, True, 120)
                      for _ in range(load)]
             if load:
-                time.sleep(2.0)
+                time.sleep(3.0)
             before = self.metrics()
             os.kill(pid, signal.SIGSTOP)
             start = now()
