@@ -401,7 +401,7 @@ class Tier:
                                             "log_after": "(container removed by the script)"})
         self.record("host_ip_not_local", lambda: self.bad_host_ip(self.spec(
             vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"),
-            vllm_timeout=240)))
+            vllm_timeout=150)))
         self.record("kv_fp8_util03", lambda: self.memory(s, (
             "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
             "--kv-cache-dtype", "fp8")))
