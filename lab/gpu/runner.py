@@ -206,6 +206,10 @@ class Tier:
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                              env={**os.environ, "PYTHONPATH": self.site})
         ray_v, py, vllm = (out.stdout.split() + ["?", "?", "?"])[:3]
+        if vllm == "?":  # vllm-sim is installed as vllm-sim: ask the command, as the preflight
+            cli = subprocess.run(["vllm", "--version"], capture_output=True, text=True,
+                                 env={**os.environ, **self.image_env})
+            vllm = (cli.stdout.split() or ["?"])[-1]
         return {"node": "h200", "identity": self.ip, "docker": "shim", "gpus": "1",
                 "image_id": "sha256:" + "0" * 64, "ray": ray_v, "python": py, "vllm": vllm}
 
@@ -478,7 +482,10 @@ class Tier:
             d = json.loads(f.read_text())
             seen.append({"actor": bool(d.get("actor")), "cmdline": d["cmdline"][:120],
                          "env": {k: d["env"].get(k) for k in ENV_KEYS}})
+        sim = self.http("GET", "/sim/ranks") if not any(p["actor"] for p in seen) else {}
         return {"processes": seen,
+                "sim_ranks": json.loads(sim["body"]).get("ranks", []) if sim.get("status") == 200
+                else [],
                 "vllm_container_only": ["NCCL_SOCKET_IFNAME=vllm-only0",
                                         "HF_TOKEN=hf_vllm_container_only",
                                         "SPARK_OBS_CARRIED=from-the-vllm-container"]}
