@@ -52,11 +52,64 @@ class ServerState:
     rank_reports: list[dict[str, Any]] | None = None
     # Called off the event loop; True while the engine's ranks answer.
     check_health: Callable[[], bool] = lambda: True
+    # Called off the event loop: one engine step on every rank (blocks while one is frozen).
+    step: Callable[[], None] = lambda: None
+    # --reasoning-parser: vLLM 0.26.0 returns content null and the text in `reasoning` while
+    # the model has not closed its reasoning (tests/fixtures/real-vllm, scenario reasoning)
+    reasoning_parser: str | None = None
+    # the gauges as the last finished engine step published them: a frozen step leaves them
+    # stale (vLLM 0.26.0 read num_requests_running 0 while a request hung)
+    published_running: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     running: int = 0
     success_total: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
+
+
+# The engine loop: one step generates this many tokens for every running request and takes
+# at least STEP_S (real vLLM on a tiny model: ~1500 tokens in about a second per request).
+TOKENS_PER_STEP = 32
+STEP_S = 0.01
+
+
+class _Engine:
+    """The simulated engine core: requests wait for steps, a step runs on every rank."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.active: dict[int, list[Any]] = {}  # id -> [tokens left, future]
+        self.task: asyncio.Task[None] | None = None
+        self.next_id = 0
+
+    async def generate(self, tokens: int) -> None:
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self.next_id += 1
+        self.active[self.next_id] = [max(tokens, 1), done]
+        if self.task is None or self.task.done():
+            self.task = loop.create_task(self._loop())
+        await done
+
+    async def _loop(self) -> None:
+        while self.active:
+            try:
+                await asyncio.gather(asyncio.to_thread(self.state.step), asyncio.sleep(STEP_S))
+            except Exception as err:  # noqa: BLE001 - a dead rank: every running request fails
+                for _, fut in self.active.values():
+                    if not fut.done():
+                        fut.set_exception(RuntimeError(f"engine step failed: {err}"))
+                self.active.clear()
+                break
+            for rid, entry in list(self.active.items()):
+                n = min(entry[0], TOKENS_PER_STEP)
+                entry[0] -= n
+                self.state.generation_tokens_total += n
+                if entry[0] <= 0:
+                    del self.active[rid]
+                    if not entry[1].done():
+                        entry[1].set_result(None)
+            self.state.published_running = len(self.active)
 
 
 def _error(message: str, err_type: str, code: int, param: str | None = None) -> JSONResponse:
@@ -99,6 +152,7 @@ def _v2_token_ok(header: str | None, keys: list[str]) -> bool:
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="vllm-sim", version=simulated_version())
+    engine = _Engine(state)
 
     @app.middleware("http")
     async def authentication(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -182,14 +236,22 @@ def build_app(state: ServerState) -> FastAPI:
                 "InternalServerError",
                 500,
             )
+        text = _answer(said)
+        prompt_tokens = _count_tokens(prompt_text)
+        # ignore_eos (vLLM's extension): exactly max_tokens; else the canned text's length
+        completion_tokens = (int(body.get("max_tokens") or 16) if body.get("ignore_eos")
+                             else _count_tokens(text))
         state.running += 1
         try:
-            text = _answer(said)
-            prompt_tokens = _count_tokens(prompt_text)
-            completion_tokens = _count_tokens(text)
+            await engine.generate(completion_tokens)
             state.success_total += 1
             state.prompt_tokens_total += prompt_tokens
-            state.generation_tokens_total += completion_tokens
+        except RuntimeError:
+            return _error(
+                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
+                "InternalServerError",
+                500,
+            )
         finally:
             state.running -= 1
         usage = {
@@ -199,11 +261,21 @@ def build_app(state: ServerState) -> FastAPI:
         }
         model = state.served_model_name
         created = int(time.time())
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        kwargs = body.get("chat_template_kwargs") or {}
+        if chat and state.reasoning_parser and kwargs.get("enable_thinking") is not False:
+            # the model never closed its reasoning: all of it is reasoning; a named tool
+            # choice then leaves content "" (nothing after the reasoning to constrain)
+            named = isinstance(body.get("tool_choice"), dict)
+            message = {"role": "assistant", "content": "" if named else None,
+                       "reasoning": text}
+        elif chat and state.reasoning_parser:
+            message["reasoning"] = None
         if chat:
             rid, obj = f"chatcmpl-{uuid.uuid4().hex}", "chat.completion"
             choice: dict[str, Any] = {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
                 "logprobs": None,
                 "finish_reason": "stop",
             }
@@ -212,7 +284,9 @@ def build_app(state: ServerState) -> FastAPI:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
         if body.get("stream"):
             return StreamingResponse(
-                _stream(rid, created, model, text, usage, chat), media_type="text/event-stream"
+                _stream(rid, created, model, text, usage, chat,
+                        "reasoning" if message.get("reasoning") else "content"),
+                media_type="text/event-stream"
             )
         return JSONResponse(
             {
@@ -296,7 +370,7 @@ def build_app(state: ServerState) -> FastAPI:
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
-            f"vllm:num_requests_running{{{labels}}} {float(state.running)}",
+            f"vllm:num_requests_running{{{labels}}} {float(state.published_running)}",
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{labels}}} 0.0",
@@ -339,7 +413,8 @@ def _rank_env_summary(report: dict[str, Any]) -> str:
     return f"r{report['rank']}@{report['node_ip']}[{' '.join(parts)}]"
 
 
-async def _stream(rid: str, created: int, model: str, text: str, usage: dict[str, int], chat: bool):  # type: ignore[no-untyped-def]
+async def _stream(rid: str, created: int, model: str, text: str, usage: dict[str, int], chat: bool,  # type: ignore[no-untyped-def]
+                  field_name: str = "content"):
     obj = "chat.completion.chunk" if chat else "text_completion"
 
     def chunk(choice: dict[str, Any], with_usage: bool = False) -> str:
@@ -358,7 +433,7 @@ async def _stream(rid: str, created: int, model: str, text: str, usage: dict[str
         yield chunk(
             {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
         )
-        yield chunk({"index": 0, "delta": {"content": text}, "finish_reason": None})
+        yield chunk({"index": 0, "delta": {field_name: text}, "finish_reason": None})
         yield chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, with_usage=True)
     else:
         yield chunk({"index": 0, "text": text, "finish_reason": None})

@@ -278,6 +278,8 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
         v2=v2,
         rank_reports=getattr(executor, "rank_reports", None),
         check_health=executor.check_health if executor else (lambda: True),
+        step=getattr(executor, "step", None) or (lambda: None),
+        reasoning_parser=getattr(args, "reasoning_parser", None),
     )
     app = build_app(state)
     add_user_middleware(app, args.middleware or [])
@@ -292,6 +294,11 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
     server = uvicorn.Server(config)
     if v2 and executor is not None:
         _exit_when_engine_dies(executor, server)
+    # SIGTERM while serving: uvicorn's graceful shutdown, then exit 0, as real vLLM 0.26.0 did
+    # (tests/fixtures/real-vllm, scenario sigterm: "Shutting down", exit 0 in 0.6 s). Ray's
+    # driver installed its own handler (sys.exit(signum), exit 15), and uvicorn re-raises the
+    # signal it captured once it has stopped: that lands here and does nothing more.
+    signal.signal(signal.SIGTERM, lambda *_: setattr(server, "should_exit", True))
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:

@@ -119,6 +119,12 @@ class RayWorkerProc:
             "env": env_report(self.own_env, dict(os.environ)),
         }
 
+    def step(self) -> bool:
+        """Simulator-only: one engine step needs every rank. A rank that is frozen (SIGSTOP)
+        never answers, so nothing is generated, as real vLLM 0.26.0 did
+        (tests/fixtures/real-vllm: no token for 30 s, generation_tokens_total still)."""
+        return True
+
     def run(self) -> None:
         """:223-236: both barriers, then the busy loop until the driver goes away."""
         assert self.rpc_broadcast_mq is not None and self.worker_response_mq is not None
@@ -196,7 +202,8 @@ class RayExecutorV2Sim:
         )
 
         driver_env_vars = get_driver_env_vars(WORKER_SPECIFIC_ENV_VARS)
-        remote_cls = ray.remote(RayWorkerProc)
+        # two threads: run() holds one for the actor's life, step() takes the other
+        remote_cls = ray.remote(max_concurrency=2)(RayWorkerProc)
         instance_id = uuid.uuid4().hex[:5]
         for rank, (bundle_idx, node_id, _ip) in enumerate(assignments):
             strategy = PlacementGroupSchedulingStrategy(
@@ -313,6 +320,11 @@ class RayExecutorV2Sim:
 
     def check_health(self) -> bool:
         return not self.is_failed
+
+    def step(self) -> None:
+        """One engine step: every rank answers (blocks while one is frozen, as vLLM's step
+        does; a dead rank is the monitor's to report)."""
+        ray.get([a.step.remote() for a in self.handles])
 
     def shutdown(self) -> None:
         """:556-582: kill the actors, shut the queues. A killed actor cleans nothing up, so

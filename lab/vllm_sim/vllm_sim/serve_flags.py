@@ -24,11 +24,14 @@ from vllm_sim.logger import init_logger
 logger = init_logger(__name__)
 
 FLAG_TABLE = "serve_flags_0_33_0.txt"
-_INT_FLAGS = {"tensor_parallel_size", "pipeline_parallel_size", "port"}
+_INT_FLAGS = {"tensor_parallel_size", "pipeline_parallel_size", "port", "data_parallel_size",
+              "nnodes"}
 _BACKENDS = ["ray", "mp", "uni", "external_launcher"]
 # The real defaults of the flags the simulator acts on (vllm/config/parallel.py:140-142,
 # vllm/entrypoints/common/cli_args.py FrontendArgs.port); every other flag defaults to None.
-_DEFAULTS: dict[str, Any] = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "port": 8000}
+# data_parallel_size and nnodes as real vLLM 0.26.0 parsed them (tests/fixtures/real-vllm).
+_DEFAULTS: dict[str, Any] = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "port": 8000,
+                             "data_parallel_size": 1, "nnodes": 1}
 
 
 def load_flag_table(name: str = FLAG_TABLE) -> list[tuple[list[str], str]]:
