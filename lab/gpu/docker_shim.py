@@ -207,15 +207,21 @@ def cmd_supervise(name: str) -> None:
 
 def cmd_init(name: str) -> None:
     config = load(name)
+    # Docker binds host paths whatever the container's /tmp: hold every source open before
+    # /tmp is replaced (a source may live under the host's /tmp), bind it through its fd
+    fds = [os.open(host, os.O_PATH) for host, _ctr, _kind in config["mounts"]]
+    # this process is already in the container's namespace; its state may be under /tmp too
+    (cdir(name) / "mntns").write_text(os.readlink("/proc/self/ns/mnt"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
     # a container's writable layer: what it writes there dies with it (SHIM_PRIVATE_DIRS)
     for d in filter(None, config.get("private", [])):
         os.makedirs(d, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
-    for host, ctr, _kind in config["mounts"]:
+    for fd, (_host, ctr, _kind) in zip(fds, config["mounts"], strict=True):
         os.makedirs(ctr, exist_ok=True)
-        subprocess.run(["mount", "--bind", host, ctr], check=True)
-    (cdir(name) / "mntns").write_text(os.readlink("/proc/self/ns/mnt"))
+        subprocess.run(["mount", "--bind", f"/proc/{os.getpid()}/fd/{fd}", ctr], check=True,
+                       pass_fds=(fd,))
+        os.close(fd)
     os.chdir("/")
     cmd = config["command"]
     try:
@@ -322,7 +328,7 @@ def cmd_cp(argv: list[str]) -> None:
         die(f"Error response from daemon: container {name} is not running")
     src = os.path.abspath(src) + ("/." if src.endswith("/.") else "")
     if src.endswith("/."):
-        script = f'mkdir -p "$2" && cp -a "$1" "$2"'
+        script = 'mkdir -p "$2" && cp -a "$1" "$2"'
     else:
         script = 'cp -a "$1" "$2"'
     sys.exit(subprocess.run(["nsenter", "-t", str(init_pid(name)), "-m", "--", "sh", "-c",

@@ -67,7 +67,7 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
         out[f"chat {name}"] = message_kind(s[name])
     out["chat named tool_choice (reasoning parser on)"] = message_kind(s["tool_call"]["named"])
     names = s["metric_names"]
-    for metric, typ in PROGRAM_METRICS.items():
+    for metric in PROGRAM_METRICS:
         entry = names.get(metric, {})
         out[f"metric {metric}"] = (entry.get("type"),
                                    sorted({"engine", "model_name"} & set(entry.get("labels", []))))

@@ -28,9 +28,10 @@ import time
 import traceback
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
@@ -425,13 +426,18 @@ class Tier:
         engine: vLLM's own parser in one process, and the CLI's exit code for two refusals."""
         code = (
             "import json, sys\n"
-            "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
-            "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+            "try:\n"
+            "    from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+            "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+            "    parse = lambda argv: make_arg_parser(FlexibleArgumentParser()).parse_args(argv)\n"
+            "except ImportError:  # vllm-sim (the CPU run): its own `vllm serve` parser\n"
+            "    from vllm_sim.cli import build_parser_v2\n"
+            "    from vllm_sim.serve_flags import flexible_argv\n"
+            "    parse = lambda argv: build_parser_v2().parse_args(flexible_argv(['serve', *argv]))\n"
             "cases = json.loads(sys.argv[1]); res = {}\n"
             "for name, argv in cases.items():\n"
-            "    p = make_arg_parser(FlexibleArgumentParser())\n"
             "    try:\n"
-            "        a = p.parse_args(argv)\n"
+            "        a = parse(argv)\n"
             "        res[name] = {'tp': a.tensor_parallel_size, 'pp': a.pipeline_parallel_size,"
             " 'dp': a.data_parallel_size, 'nnodes': getattr(a, 'nnodes', None),"
             " 'backend': a.distributed_executor_backend}\n"
