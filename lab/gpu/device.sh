@@ -12,7 +12,7 @@ mkdir -p "$STASH"
 cp .gpu-stash/wheels.tar.* "$STASH"/ 2>/dev/null || true
 [ "$1" = stash ] && { ls "$STASH"; exit 0; }
 part=$2
-# NVLink multicast off on a shared host (KINDS.md of the device tool)
+# NVLink multicast off: on a shared host it can take the GPUs out of service
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ ! -f "$SITE/.ready" ]; then
   t0=$(date +%s)

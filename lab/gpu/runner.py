@@ -43,7 +43,7 @@ IMAGE = "spark-vllm-gpu-tier:local"  # recorded only: the machine is the image (
 HF_TOKEN = "hf_observation_not_a_real_token"
 API_KEY = "observation-api-key-not-secret"
 SECRETS = frozenset({"sshPrivateKey", "hfToken", "apiKey"})
-# NVLink multicast stays off on shared hosts (the device's KINDS.md); flashinfer does not travel
+# NVLink multicast stays off on shared hosts; flashinfer does not travel
 # (its sampler is imported unless told not to: vllm/v1/sample/ops/topk_topp_sampler.py)
 MACHINE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                "NVSHMEM_DISABLE_NVLS": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
@@ -413,13 +413,35 @@ class Tier:
         self.record("cleanup_restart", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
                                                                               commands.HEAD)})
 
-    def memory(self, s: specmod.ClusterSpec, args: tuple[str, ...]) -> dict:
+    def memory(self, s: specmod.ClusterSpec, args: tuple[str, ...],
+               model: str = "spark-vllm/tiny-dense") -> dict:
         """vLLM's own memory lines for one configuration (the estimator's reference)."""
         self.remove(s, commands.VLLM)
-        m = self.spec(vllm_args=args, vllm_timeout=240)
+        m = self.spec(model=model, vllm_args=args, vllm_timeout=240)
         r = self.vllm_up(m)
         return {"args": list(args), "rc": r["rc"], "seconds": r["seconds"],
                 "log": self.container_log(m, commands.VLLM)}
+
+    def load_part(self) -> None:
+        """A rank frozen with requests in flight, and vLLM's memory lines for the MoE and the
+        hybrid (Qwen3-Next) models."""
+        s = self.spec(vllm_args=("--max-model-len", "4096", "--gpu-memory-utilization", "0.5"))
+        Path("/root/obs/envprobe").mkdir(parents=True, exist_ok=True)
+        self.record("head_start", lambda: self.head_up(s))
+        self.record("serve_for_load", lambda: {**self.vllm_up(s),
+                                               "log": self.container_log(s, commands.VLLM)})
+        self.record("frozen_inflight", lambda: self.frozen(s, s.served_name, load=64,
+                                                           seconds=25, max_tokens=4000,
+                                                           settle_s=0.5))
+        self.record("kv_moe_util05", lambda: self.memory(s, (
+            "--max-model-len", "2048", "--gpu-memory-utilization", "0.5"),
+            model="spark-vllm/tiny-moe"))
+        self.record("kv_hybrid_util05", lambda: self.memory(s, (
+            "--max-model-len", "2048", "--gpu-memory-utilization", "0.5",
+            "--additional-config", '{"gdn_prefill_backend": "triton"}'),
+            model="spark-vllm/tiny-hybrid"))
+        self.record("cleanup_load", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
+                                                                           commands.HEAD)})
 
     def parser_cases(self, s: specmod.ClusterSpec) -> dict:
         """How `vllm serve`'s parser reads flags the program owns or refuses, without an
@@ -525,18 +547,19 @@ class Tier:
         return {"requests": 300, "max_tokens": 1500, "answered": done, "canary": canary,
                 "samples": samples[:60], "seconds": round(now() - start, 2)}
 
-    def frozen(self, s: specmod.ClusterSpec, served: str, load: int, seconds: int) -> dict:
+    def frozen(self, s: specmod.ClusterSpec, served: str, load: int, seconds: int,
+               max_tokens: int = 1500, settle_s: float = 3.0) -> dict:
         pid = self.rank_pid()
         if pid is None:
             return {"runner_error": "no rank process found"}
-        body = {"model": served, "max_tokens": 1500, "ignore_eos": True,
+        body = {"model": served, "max_tokens": max_tokens, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "go on"}]}
         samples: list[dict] = []
         with ThreadPoolExecutor(max(load, 1) + 2) as pool:
             loads = [pool.submit(self.http, "POST", "/v1/chat/completions", body, True, 120)
                      for _ in range(load)]
             if load:
-                time.sleep(3.0)
+                time.sleep(settle_s)
             before = self.metrics()
             os.kill(pid, signal.SIGSTOP)
             start = now()
@@ -551,9 +574,8 @@ class Tier:
             os.kill(pid, signal.SIGCONT)
             resumed = now()
             after = self.canary(served, 60)
-            for f in loads:
-                f.cancel()
-        return {"rank_pid": pid, "load": load, "frozen_s": seconds, "before": before,
+            answered = sum(1 for f in loads if f.result().get("status") == 200)
+        return {"load_answered": answered, "rank_pid": pid, "load": load, "frozen_s": seconds, "before": before,
                 "samples": samples, "canary_while_frozen": canary_r,
                 "liveness_while_frozen": {"state": live_r.get("state"),
                                           "seconds": live_r.get("seconds")},
@@ -633,7 +655,7 @@ def _version(pkg: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--part", choices=["serve", "restart", "all"], default="all")
+    ap.add_argument("--part", choices=["serve", "restart", "load", "all"], default="all")
     ap.add_argument("--site", default="/root/site")
     ap.add_argument("--hf", default="/root/hf")
     ap.add_argument("--vllm-cache", default="/root/vllm-cache")
@@ -647,6 +669,8 @@ def main() -> None:
         tier.serve_part()
     if args.part in ("restart", "all"):
         tier.restart_part()
+    if args.part == "load":  # GPU only: the memory lines need real vLLM
+        tier.load_part()
     tier.save()
 
 
