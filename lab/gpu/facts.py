@@ -86,6 +86,18 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
     out["frozen: liveness state"] = fr["liveness_while_frozen"]["state"]
     out["frozen: serves again after SIGCONT"] = (
         fr["canary_after_sigcont"].get("first_token_s") is not None)
+    if "frozen_inflight" in s:  # requests in flight: the gauges stay at their last value
+        fi = s["frozen_inflight"]
+        running = {x.get("num_requests_running") for x in fi["samples"]}
+        out["frozen in flight: num_requests_running stays at one value > 0"] = (
+            len(running) == 1 and next(iter(running)) > 0)
+        out["frozen in flight: generation_tokens_total moves"] = len(
+            {x.get("generation_tokens_total") for x in fi["samples"]}) > 1
+        out["frozen in flight: /health"] = sorted({x["health"] for x in fi["samples"]})
+        out["frozen in flight: the canary gets a first token"] = (
+            fi["canary_while_frozen"].get("first_token_s") is not None)
+        out["frozen in flight: every request answered after SIGCONT"] = (
+            fi["load_answered"] == fi["load"])
     k = s["rank_killed"]
     first_503 = next((t for t, code, _ in k["health_and_state"] if code == 503), None)
     exited = next((t for t, _, st in k["health_and_state"] if st.startswith("exited")), None)

@@ -399,6 +399,9 @@ class Tier:
                                                  "log": self.container_log(s, commands.VLLM)})
         self.record("parser", lambda: self.parser_cases(s))
         self.record("frozen_loaded", lambda: self.frozen(s, s.served_name, load=16, seconds=25))
+        if self.obs["header"]["gpu"] == "none":  # the CPU run: the load part's frozen case
+            self.record("frozen_inflight", lambda: self.frozen(
+                s, s.served_name, load=64, seconds=25, max_tokens=1900, settle_s=0.5))
         self.record("sigterm", lambda: self.sigterm(s))
         tp2 = self.spec(tp=2, ghost_node="10.255.255.2", vllm_timeout=240,
                         vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5"))
