@@ -35,7 +35,12 @@ def call(mw: Any, scope: dict) -> list[dict]:
 
     async def send(msg: dict) -> None:
         sent.append(msg)
-    asyncio.run(mw(scope, receive, send))
+    # a loop of its own: asyncio.run would leave no current loop for the Pulumi mock tests
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(mw(scope, receive, send))
+    finally:
+        loop.close()
     return sent
 
 
