@@ -27,6 +27,6 @@ if [ ! -f "$SITE/.ready" ]; then
   touch "$SITE/.ready"
   echo "[device] wheels checked and installed in $(( $(date +%s) - t0 )) s"
 fi
-export SPARK_VLLM_COMMIT=$(git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)
+export SPARK_VLLM_COMMIT=$(cat .commit 2>/dev/null || echo unknown)  # prepare.sh writes it
 PYTHONPATH="$SITE" python3 lab/gpu/tiny_model.py "$HF" ${MODELS:-dense}
 PYTHONPATH="$SITE" python3 lab/gpu/runner.py --out "$OUT" --part "$part" 2>&1 | tee "$OUT/runner-$part.log"

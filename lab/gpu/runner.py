@@ -342,15 +342,17 @@ class Tier:
                                   "--format=csv,noheader"], capture_output=True, text=True)
         except OSError:
             gpu = subprocess.CompletedProcess([], 1, "", "")
-        commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
+        # the device's copy of the tree carries a .git of an older base: .commit says what runs
+        commit = os.environ.get("SPARK_VLLM_COMMIT", "") or subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+            text=True).stdout.strip()
         self.obs["header"] = {
             "vllm": pf["vllm"], "ray": pf["ray"], "python": pf["python"],
             "torch": _version("torch"), "transformers": _version("transformers"),
             "gpu": gpu.stdout.strip() or "none", "machine": os.uname().nodename,
             "cpus": os.cpu_count(), "kernel": os.uname().release,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "commit": commit or os.environ.get("SPARK_VLLM_COMMIT", "unknown"),
+            "commit": commit or "unknown",
             "part": part, "identity_ip": self.ip,
             "layout": "docker_shim: one mount namespace per container (private /tmp and "
                       "writable-layer dirs, the head's /tmp/ray shared), host net/pid/ipc",
