@@ -314,7 +314,7 @@ def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
             + f" < {PROBE_FILE}")
 
 
-# The serving check sends one short chat completion (FIELD-NOTES: only a completion proves
+# The serving check sends one short chat completion (vllm#53157: only a completion proves
 # vLLM serves). An error (5xx, refused, /health not 200) means not serving; no answer within
 # SMOKE_WAIT_S means busy or wedged, and counts as running: a refresh must never reload 120 GB
 # of weights because a queue was long. `python -m components.status` reports a server that
