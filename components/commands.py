@@ -23,7 +23,7 @@ LABEL = "spark-vllm"
 STATE_DIR_SH = '"$HOME"/.spark-vllm/'
 
 # Polling interval of every wait loop. Ray's head is up ~3.6 s after `docker run` on the lab
-# (LAB-NOTES), so half a second costs little and keeps the critical path short.
+# (measured on the lab), so half a second costs little and keeps the critical path short.
 POLL_INTERVAL_S = 0.5
 # The head's readiness test reads /proc only, and workers wait for it: poll it more often.
 HEAD_POLL_INTERVAL_S = 0.2
@@ -107,7 +107,8 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
 
     Computed per node from that node's own fields, never copied from the head: a worker cabled
     on another port needs its own NCCL ifname/HCA (sparkrun#135), and vLLM does not forward
-    VLLM_HOST_IP from driver to workers (FIELD-NOTES, vLLM).
+    VLLM_HOST_IP from driver to workers (WORKER_SPECIFIC_ENV_VARS,
+    vllm/v1/executor/ray_env_utils.py).
     """
     env = {"RAY_USAGE_STATS_ENABLED": "0", **spec.user_env}
     env["VLLM_HOST_IP"] = node.identity_ip
@@ -199,7 +200,7 @@ def head_run_argv(spec: ClusterSpec) -> list[str]:
 def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
     # No restart policy, here or on any container (invariant 7): a worker that restarts alone
     # joins as a new Ray node under a vLLM whose ranks died with the old one, and a Ray head
-    # restarted alone does not take its workers back (FIELD-NOTES, Day 2); Docker's policies
+    # restarted alone does not take its workers back (Ray's GCS fault-tolerance docs); Docker's policies
     # have no ordering between containers, and a loop on the GPU can wedge a Spark (eugr#257).
     # A dead container stays dead and visible: `pulumi up --refresh` replaces it and its
     # dependents in order.
@@ -571,7 +572,7 @@ def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
         f'|| {{ log "FAILED: the Ray head container {head} is not running"; docker logs --tail 60 '
         f'{q_head} 2>&1 | sed "s/^/    | /" >&2; exit 1; }}',
         # `timeout` bounds even a hung GCS connection: a remote command is not killed by
-        # Pulumi's custom timeouts (FIELD-NOTES, Pulumi).
+        # Pulumi's custom timeouts (pulumi-command runs it to its end).
         f"timeout {spec.ray_timeout + 30} docker exec -i {q_head} python3 - "
         f"{shlex.quote(payload)}",
     ]) + "\n"

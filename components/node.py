@@ -66,7 +66,8 @@ def node_command(
     deleted before its replacement starts (invariant 2): pulumi-command would otherwise run a
     changed `create` again on the new host and never the old `delete`, leaving the old
     container running. What it depends on reaches it through `triggers`, so the engine
-    cascades the replacement (FIELD-NOTES, Pulumi)."""
+    cascades the replacement (pulumi/pulumi
+    pkg/resource/deploy/step_generator.go, calculateDependentReplacements)."""
     return remote.Command(
         name,
         connection=node.connection,

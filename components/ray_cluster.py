@@ -3,7 +3,8 @@
 The chain runs through inputs, so the engine replaces it whole and in order: each worker's
 `triggers` holds the head's container id, the gate's holds every container id. A change of
 IP, image or env then plans delete gate → workers → head, create head → workers → gate
-(FIELD-NOTES, Pulumi: calculateDependentReplacements cascades only through inputs).
+(pulumi/pulumi pkg/resource/deploy/step_generator.go: calculateDependentReplacements cascades
+only through inputs).
 """
 
 from __future__ import annotations

@@ -116,7 +116,7 @@ def ensure_network(name: str, subnet: str, internal: bool) -> None:
             "--label", f"{config.LABEL}=1", name]
     if internal:
         # Docker 20.10 picks a container's default gateway by network name order: without
-        # --internal, "fabric" would steal the default route from "mgmt" (LAB-NOTES "Networks").
+        # --internal, "fabric" would steal the default route from "mgmt" (docker 20.10 picks the gateway by network name order).
         argv.insert(2, "--internal")
     docker(*argv)
 

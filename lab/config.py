@@ -47,7 +47,7 @@ LAB_MODEL_SHARDS = 4
 DEBIAN_SUITE = "bookworm"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
-# The DGX Spark's RoCE interface (FIELD-NOTES "DGX Spark networking"): the lab uses the same
+# The DGX Spark's RoCE interface (a DGX Spark's QSFP port, `ibdev2netdev`): the lab uses the same
 # name so the lab stack differs from spark-duo only in addresses.
 FABRIC_IFNAME = "enp1s0f1np1"
 

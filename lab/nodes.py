@@ -41,7 +41,7 @@ def hf_volume_name(index: int) -> str:
 
 def create_node_argv(n: NodeAddrs, image: str) -> list[str]:
     """`docker create` of one node: --privileged emulated, since plain --privileged fails on
-    this VM ("unable to apply caps": root lacks CAP_SYS_RESOURCE; LAB-NOTES "Nodes")."""
+    this VM ("unable to apply caps": root lacks CAP_SYS_RESOURCE)."""
     argv = [
         "docker", "create", "--name", n.container, "--hostname", n.name,
         "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",

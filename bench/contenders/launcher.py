@@ -1,7 +1,7 @@
 """(b) Ray's cluster launcher: `ray up` / `ray down` (ray[default] 2.60, provider local), then
 `vllm serve` started in the head container with `ray exec` and waited for at /health.
 
-The config carries the four lab fixes of LAB-NOTES ("Ray's cluster launcher on the lab"):
+The config carries the four fixes `ray up` needed on the lab:
 no `--network=host` in run_options (the launcher adds --net=host), RAY_UP_enable_autoscaler_v2=0,
 fabric IPs as head_ip/worker_ips with `--node-ip-address` in the start commands, and the local
 provider's cluster-<name>.{state,lock} deleted before each `ray up`. Plus `--stop-timeout=1`.
@@ -69,7 +69,7 @@ def cluster_config(lab: Lab, nccl_debug: str) -> dict[str, Any]:
             "image": IMAGE,
             "container_name": CONTAINER,
             "pull_before_run": False,
-            # no --ulimit: the lab's nodes lack CAP_SYS_RESOURCE (LAB-NOTES "Nodes")
+            # no --ulimit: the lab's nodes lack CAP_SYS_RESOURCE (docker 20.10 then refuses to start the container)
             "run_options": ["--stop-timeout=1", "--ipc=host", "--shm-size=10.24g",
                             "-v", "/root/.cache/huggingface:/root/.cache/huggingface",
                             *TOOLS_FROM_NODE],
@@ -132,7 +132,7 @@ class Launcher(Contender):
                    timeout=timeout, env=self.env, log=self.log)
 
     def _forget_state(self) -> None:
-        # LAB-NOTES fix 4: a kept state file makes the next `ray down` leave the worker running.
+        # fix 4: a kept state file makes the next `ray down` leave the worker running.
         for suffix in ("state", "lock"):
             (self.dir / "tmp" / "ray" / f"cluster-{CLUSTER}.{suffix}").unlink(missing_ok=True)
 

@@ -1,6 +1,6 @@
 """Run the program under Pulumi mocks with a monitor that keeps every RegisterResource
 request, so tests see resource options (deleteBeforeReplace, replaceOnChanges,
-propertyDependencies) that `Mocks.new_resource` alone hides (FIELD-NOTES, Pulumi: mocks)."""
+propertyDependencies) that `Mocks.new_resource` alone hides (pulumi/pulumi sdk/python/lib/pulumi/runtime/mocks.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """vllm-sim (legacy mode, vLLM 0.17.1) across two and three real Ray nodes on loopback, one GPU each.
 
 Each node's raylet gets its own VLLM_HOST_IP, as each Spark's container must: vLLM does not
-copy VLLM_HOST_IP from the driver to the workers (FIELD-NOTES "vLLM"). Tests run in file order:
+copy VLLM_HOST_IP from the driver to the workers (vllm/v1/executor/ray_env_utils.py). Tests run in file order:
 the third node, whose VLLM_HOST_IP was copied from the head, joins only for the last test.
 """
 

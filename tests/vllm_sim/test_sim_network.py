@@ -1,5 +1,5 @@
 """get_ip() must choose exactly as vLLM's: VLLM_HOST_IP, then the default route, then IPv6,
-then 0.0.0.0 with vLLM's warning (FIELD-NOTES "vLLM")."""
+then 0.0.0.0 with vLLM's warning (vllm/utils/network_utils.py get_ip)."""
 
 import logging
 import socket

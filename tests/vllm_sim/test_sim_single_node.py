@@ -1,6 +1,6 @@
 """vllm-sim (legacy mode, vLLM 0.17.1) against a real one-node Ray cluster (head 127.0.0.2, one GPU).
 
-The incident (FIELD-NOTES "The incident"): VLLM_HOST_IP names an address Ray registered no
+The incident (README, "The afternoon it prevents"): VLLM_HOST_IP names an address Ray registered no
 node under, so the placement group's `node:<ip>` pin can never be met and vLLM waits, then
 fails. Wait bounds are shortened with VLLM_SIM_PG_WAIT_TIMEOUT.
 """
