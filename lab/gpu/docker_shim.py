@@ -238,19 +238,26 @@ def _must(name: str) -> dict:
     return config
 
 
+def _existing(names: list[str], missing: str, failed: list[str]):  # type: ignore[no-untyped-def]
+    """(name, config) of each container that exists; the others are reported as docker does
+    (`missing` formatted with the name) and added to `failed`."""
+    for name in names:
+        config = load(name)
+        if config:
+            yield name, config
+        else:
+            print(missing.format(name=name), file=sys.stderr)
+            failed.append(name)
+
+
 def cmd_inspect(argv: list[str]) -> None:
     fmt = None
     if argv and argv[0] == "--format":
         fmt, argv = argv[1], argv[2:]
     elif argv and argv[0].startswith("--format="):
         fmt, argv = argv[0].split("=", 1)[1], argv[1:]
-    rc = 0
-    for name in argv:
-        config = load(name)
-        if not config:
-            print(f"Error: No such object: {name}", file=sys.stderr)
-            rc = 1
-            continue
+    failed: list[str] = []
+    for name, config in _existing(argv, "Error: No such object: {name}", failed):
         code = exit_code(name)
         fields = {"{{.State.Status}}": status(name), "{{.State.ExitCode}}": str(code or 0),
                   "{{.Id}}": config["id"], "{{.Name}}": "/" + name}
@@ -262,7 +269,7 @@ def cmd_inspect(argv: list[str]) -> None:
         for k, v in fields.items():
             out = out.replace(k, v)
         print(out)
-    sys.exit(rc)
+    sys.exit(1 if failed else 0)
 
 
 def cmd_image(argv: list[str]) -> None:
@@ -288,24 +295,20 @@ def cmd_logs(argv: list[str]) -> None:
 
 def cmd_rm(argv: list[str]) -> None:
     names = [a for a in argv if not a.startswith("-")]
-    rc = 0
-    for name in names:
-        config = load(name)
-        if not config:
-            print(f"Error response from daemon: No such container: {name}", file=sys.stderr)
-            rc = 1
-            continue
+    failed: list[str] = []
+    for name, config in _existing(names, "Error response from daemon: No such container: {name}",
+                                  failed):
         if status(name) == "running" and "--force" not in argv and "-f" not in argv:
             print(f"Error response from daemon: You cannot remove a running container {name}",
                   file=sys.stderr)
-            rc = 1
+            failed.append(name)
             continue
         kill_all(name)
         if "--volumes" in argv or "-v" in argv:
             shutil.rmtree(VOLUMES / config["id"], ignore_errors=True)
         shutil.rmtree(cdir(name), ignore_errors=True)
         print(name)
-    sys.exit(rc)
+    sys.exit(1 if failed else 0)
 
 
 def cmd_exec(argv: list[str]) -> None:
