@@ -35,7 +35,7 @@ unit: venv
 	$(PY) -m pytest -q tests/unit
 
 lint: venv
-	.venv/bin/ruff check components tests __main__.py lab bench
+	.venv/bin/ruff check spark_vllm tests __main__.py lab bench
 	.venv/bin/mypy
 	"$$(bash lab/actionlint.sh | tail -n 1)" .github/workflows/*.yml
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from components import summary
 from lab import config, envsh, keys
+from spark_vllm import summary
 
 NS = "spark-vllm"
 OUT_DIR = config.REPO_DIR / "tests" / "fixtures" / "previews"

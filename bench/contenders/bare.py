@@ -1,6 +1,6 @@
 """(c) The bare critical path: the floor. Only the unavoidable steps, over SSH, no checks.
 
-Same image and the very same `docker run` lines as spark-vllm (components/commands.py), so the
+Same image and the very same `docker run` lines as spark-vllm (spark_vllm/commands.py), so the
 difference to (a) is the engine, the checks and the waits, not the containers:
 
   head:    docker run … ray start --head --block;  poll its log for "Ray runtime started"
@@ -24,8 +24,8 @@ import yaml
 
 from bench.common import LOG_DIR, Lab, Node, Result, on_nodes, ssh
 from bench.contenders import Contender, Outcome
-from components import commands
-from components.spec import NAMESPACE, ClusterSpec, decode_config, parse_spec
+from spark_vllm import commands
+from spark_vllm.spec import NAMESPACE, ClusterSpec, decode_config, parse_spec
 
 STACK_NAME = "bare"  # container names spark-vllm-bare-*: never the program's own
 

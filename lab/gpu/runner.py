@@ -1,6 +1,6 @@
 """The GPU tier's scenario runner: the program's own rendered commands against real vLLM.
 
-Runs on the GPU machine (lab/gpu/README.md): every script it runs comes from components/ by
+Runs on the GPU machine (lab/gpu/README.md): every script it runs comes from spark_vllm/ by
 calling its builders (the Ray head's and vLLM's start scripts with their argv, env, env-files,
 non-carry-over list and middleware, the model staging, the gate, the probe, the liveness read,
 the remove scripts), executed with `sh -c` as pulumi-command would on a node, with `docker`
@@ -36,8 +36,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from components import commands  # noqa: E402
-from components import spec as specmod  # noqa: E402
+from spark_vllm import commands  # noqa: E402
+from spark_vllm import spec as specmod  # noqa: E402
 
 IMAGE = "spark-vllm-gpu-tier:local"  # recorded only: the machine is the image (docker_shim)
 HF_TOKEN = "hf_observation_not_a_real_token"

@@ -2,7 +2,7 @@
 `pulumi preview --refresh` names what is gone, one `pulumi up --refresh` replaces exactly that
 and what depends on it, in order, and the stack serves again. Each scenario asserts which
 containers were recreated (docker's ids), that no container is duplicated or left over, what
-`python -m components.status` says before and after, and that a chat completion works."""
+`python -m spark_vllm.status` says before and after, and that a chat completion works."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ GATE = "ray-gate"
 
 
 def status() -> tuple[int, dict]:
-    proc = subprocess.run([sys.executable, "-m", "components.status", "--stack", STACK, "--json"],
+    proc = subprocess.run([sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--json"],
                           capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, **engine_env()}, timeout=120)
     assert proc.returncode in (0, 1), proc.stderr
@@ -140,7 +140,7 @@ def test_a_node_switched_off_is_named_and_the_watcher_repairs_once_it_is_back(
         code, report = status()
         assert code == 1 and "node-2" in report["unreachable"], report
         watch = subprocess.run(
-            [sys.executable, "-m", "components.status", "--stack", STACK, "--watch",
+            [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch",
              "--interval", "1", "--max-repairs", "1"], capture_output=True, text=True,
             cwd=REPO, env={**os.environ, **engine_env()}, timeout=300)
         assert watch.returncode == 1, watch.stdout[-2000:]
@@ -152,7 +152,7 @@ def test_a_node_switched_off_is_named_and_the_watcher_repairs_once_it_is_back(
         k: v for k, v in before.items() if k[0] == "node-1"}
 
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "components.status", "--stack", STACK, "--watch",
+        [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch",
          "--interval", "2", "--max-repairs", "2"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **engine_env()})
     try:

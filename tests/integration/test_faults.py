@@ -128,7 +128,7 @@ def test_1_a_wrong_pinned_host_key_stops_the_update_before_any_command(lab: Lab)
         lab.set("env", {"NCCL_DEBUG": "WARN"})
     assert run.error is not None
     node2 = cluster.find_node("node-2")
-    from components.hostkeys import fingerprint
+    from spark_vllm.hostkeys import fingerprint
     assert (f"nodes[1].hostKey: node-2 at {node2.mgmt_ip}:22 presents ssh-ed25519 "
             f"{fingerprint(real)}, not the pinned {fingerprint(wrong)}") in run.error
     assert run.seconds < 15, run.seconds
@@ -316,7 +316,7 @@ def test_6_a_node_gone_for_good_is_named_and_the_rest_torn_down(lab: Lab) -> Non
         assert failed.error is not None
         assert "ray-worker-node-2" in failed.error and f"{node2.mgmt_ip}:22" in failed.error
         assert failed.seconds < 75
-        tear = subprocess.run([sys.executable, "-m", "components.teardown", "--stack", STACK,
+        tear = subprocess.run([sys.executable, "-m", "spark_vllm.teardown", "--stack", STACK,
                                "--node-gone", "node-2"], capture_output=True, text=True,
                               cwd=REPO, env={**os.environ, **engine_env()}, timeout=300)
         assert tear.returncode == 0, tear.stdout[-3000:] + tear.stderr[-3000:]

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from pulumi import automation as auto
 
-from components import commands
-from components.spec import parse_spec
 from lab import cluster
+from spark_vllm import commands
+from spark_vllm.spec import parse_spec
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import STACK, Lab, node_sh
 from tests.integration.test_lifecycle import http_status, ok

@@ -67,7 +67,7 @@ def _workflow() -> dict[Any, Any]:
 def test_the_preview_workflow_runs_on_the_program_and_stacks_with_minimal_permissions() -> None:
     doc = _workflow()
     on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
-    assert on["pull_request"]["paths"] == ["__main__.py", "components/**", "requirements*.txt",
+    assert on["pull_request"]["paths"] == ["__main__.py", "spark_vllm/**", "requirements*.txt",
                                            "Pulumi.yaml", "stacks/**"]
     assert doc["permissions"] == {"contents": "read", "pull-requests": "write"}
     assert all("permissions" not in job for job in doc["jobs"].values())

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from components import commands as c
+from spark_vllm import commands as c
 from tests.unit.harness import lab_nodes, spec_from
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -493,7 +493,7 @@ def test_remove_is_idempotent_but_not_blind(tmp_path: Path) -> None:
 # --- the gate's comparison ------------------------------------------------------------------
 
 def load_gate():
-    path = ROOT / "components" / "scripts" / "ray_gate.py"
+    path = ROOT / "spark_vllm" / "scripts" / "ray_gate.py"
     mod_spec = importlib.util.spec_from_file_location("ray_gate", path)
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)
@@ -548,7 +548,7 @@ def _asgi_status(path: str, key: str | None, auth: str | None, method: str = "PO
     import asyncio
 
     spec = importlib.util.spec_from_file_location(
-        "spark_vllm_auth", ROOT / "components" / "scripts" / "spark_vllm_auth.py")
+        "spark_vllm_auth", ROOT / "spark_vllm" / "scripts" / "spark_vllm_auth.py")
     mod = importlib.util.module_from_spec(spec)
     old = os.environ.pop("VLLM_API_KEY", None)
     if key is not None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from pulumi.dynamic.dynamic import serialize_provider
 
-from components import liveness
-from components.commands import script_text
+from spark_vllm import liveness
+from spark_vllm.commands import script_text
 
 PROPS = {"node": "node-2", "host": "10.0.0.2", "port": 22, "user": "aurora",
          "privateKey": "k", "hostKey": "", "container": "spark-vllm-s-ray-worker",
@@ -45,7 +45,7 @@ def test_the_state_holds_a_reference_to_the_provider_not_its_code() -> None:
     blob = base64.b64decode(serialize_provider(liveness._Provider()))
     ops = [(op.name, arg) for op, arg, _ in pickletools.genops(blob)]
     strings = [arg for name, arg in ops if isinstance(arg, str)]
-    assert "components.liveness" in strings and "_Provider" in strings
+    assert "spark_vllm.liveness" in strings and "_Provider" in strings
     assert not any("code" in str(arg).lower() for _, arg in ops if arg is not None), ops
     assert len(blob) < 200
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from components import commands as c
+from spark_vllm import commands as c
 from tests.unit.harness import spec_from
 
 FAKE_TOOL = r"""#!/bin/sh

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from components import commands as c
+from spark_vllm import commands as c
 from tests.unit.harness import (
     CMD,
     HF_TOKEN,

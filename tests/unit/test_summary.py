@@ -1,4 +1,4 @@
-"""The reviewer's summary of a preview (components/summary.py) on real `pulumi preview --json
+"""The reviewer's summary of a preview (spark_vllm/summary.py) on real `pulumi preview --json
 --show-sames` documents of the 2-node lab stack, one per change kind, captured by
 `python -m lab.capture_previews` into tests/fixtures/previews/ (never written by hand): for each,
 the exact rows (node, role, action, cause, consequence), the headline and what restarts."""
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from components import spec, summary
 from lab import config
+from spark_vllm import spec, summary
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "previews"
 KINDS = ("noop", "env", "identity", "image", "vllm-arg", "node-added", "node-removed",
@@ -211,7 +211,7 @@ def test_the_cli_prints_no_secret_and_no_placeholder(kind: str) -> None:
     raw = fixture_path(kind).read_text()
     assert "PRIVATE KEY" not in raw  # the capture also scanned for every secret value
     for fmt in ("markdown", "text"):
-        out = subprocess.run([sys.executable, "-m", "components.summary", "--format", fmt,
+        out = subprocess.run([sys.executable, "-m", "spark_vllm.summary", "--format", fmt,
                               str(fixture_path(kind))], capture_output=True, text=True,
                              timeout=60, check=True).stdout
         assert summary.SECRET not in out and summary.UNKNOWN not in out
@@ -219,7 +219,7 @@ def test_the_cli_prints_no_secret_and_no_placeholder(kind: str) -> None:
 
 
 def test_stdin_and_stack_option() -> None:
-    out = subprocess.run([sys.executable, "-m", "components.summary", "--format", "text",
+    out = subprocess.run([sys.executable, "-m", "spark_vllm.summary", "--format", "text",
                           "--stack", "spark-duo", "-"], input=fixture_path("vllm-arg").read_text(),
                          capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.startswith(f"stack spark-duo: {VLLM_ONLY}\n")
@@ -238,14 +238,14 @@ def test_what_is_not_a_preview_exits_2_naming_the_problem(tmp_path: Path, text: 
                                                           problem: str) -> None:
     path = tmp_path / "in.json"
     path.write_text(text)
-    proc = subprocess.run([sys.executable, "-m", "components.summary", str(path)],
+    proc = subprocess.run([sys.executable, "-m", "spark_vllm.summary", str(path)],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2, proc
     assert problem in proc.stderr and proc.stdout == ""
 
 
 def test_a_missing_file_exits_2() -> None:
-    proc = subprocess.run([sys.executable, "-m", "components.summary", "/nonexistent.json"],
+    proc = subprocess.run([sys.executable, "-m", "spark_vllm.summary", "/nonexistent.json"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "cannot read /nonexistent.json" in proc.stderr
 

@@ -1,11 +1,11 @@
 """The teardown of a stack with a node gone: which commands are forgotten, in which order, and
-what must be destroyed before each (components/teardown.py; the lab runs it for real)."""
+what must be destroyed before each (spark_vllm/teardown.py; the lab runs it for real)."""
 
 from __future__ import annotations
 
 import pytest
 
-from components import teardown
+from spark_vllm import teardown
 
 NODES = [{"name": "node-1"}, {"name": "node-2"}, {"name": "node-3"}]
 

@@ -135,7 +135,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "rayNodes": cluster.node_table,
         # what the nodes hold: the model's commit, files, bytes and manifest digest
         "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
-        # how to reach each node and what runs there: `python -m components.status` reads it
+        # how to reach each node and what runs there: `python -m spark_vllm.status` reads it
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,
                    "containers": {role: commands.container_name(spec, role) for role in

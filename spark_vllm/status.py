@@ -1,4 +1,4 @@
-"""`python -m components.status`: is the stack serving, and if not, what is down where.
+"""`python -m spark_vllm.status`: is the stack serving, and if not, what is down where.
 
 Reads what Pulumi knows (the stack's outputs: nodes, container ids, endpoint; its config: the
 same SSH key and API key the program uses) and asks the nodes what is true now: each
@@ -265,7 +265,7 @@ def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m components.status", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m spark_vllm.status", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stack", help="stack name (default: the selected stack)")
     ap.add_argument("--json", action="store_true", help="machine-readable report")

@@ -74,7 +74,7 @@ def _expected(props: dict[str, Any]) -> str:
 
 
 class _Provider(dynamic.ResourceProvider):
-    # by reference (components.liveness._Provider): spark-vllm's code is not in the state
+    # by reference (spark_vllm.liveness._Provider): spark-vllm's code is not in the state
     serialize_as_secret_always = False
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:

@@ -1,4 +1,4 @@
-"""`python -m components.teardown --node-gone NODE`: destroy a stack one of whose nodes is gone
+"""`python -m spark_vllm.teardown --node-gone NODE`: destroy a stack one of whose nodes is gone
 for good (dead disk, returned hardware), removing everything on every node that answers.
 
 `pulumi destroy` cannot remove a container on a node it cannot reach, and stops there (after
@@ -111,7 +111,7 @@ def teardown(stack: Any, node: str, say: Any = print) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m components.teardown", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m spark_vllm.teardown", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stack", help="stack name (default: the selected stack)")
     ap.add_argument("--node-gone", required=True, metavar="NODE",
