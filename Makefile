@@ -13,7 +13,7 @@ help:
 	@echo "make bench      benchmarks against Ray's cluster launcher and the bare path"
 
 # The virtualenv Pulumi's language host runs the program in (Pulumi.yaml: virtualenv .venv).
-.venv/.ready: requirements.txt requirements-dev.txt lab/vllm_sim/pyproject.toml
+.venv/.ready: requirements.txt requirements-dev.txt pyproject.toml lab/vllm_sim/pyproject.toml
 	@echo "[make] creating .venv (cold: ~2 min, mostly Ray)"
 	python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip

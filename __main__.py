@@ -1,6 +1,5 @@
 """spark-vllm: read the stack config, build the components, export the outputs."""
 
-from spark_vllm.program import exit_quietly_when_interrupted, main
+from spark_vllm.program import run
 
-exit_quietly_when_interrupted()
-main()
+run()

@@ -318,7 +318,7 @@ def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
 # The serving check sends one short chat completion (vllm#53157: only a completion proves
 # vLLM serves). An error (5xx, refused, /health not 200) means not serving; no answer within
 # SMOKE_WAIT_S means busy or wedged, and counts as running: a refresh must never reload 120 GB
-# of weights because a queue was long. `python -m spark_vllm.status` reports a server that
+# of weights because a queue was long. `spark-vllm status` reports a server that
 # does not answer.
 SMOKE_WAIT_S = 5
 SERVING_TIMEOUT_S = 30  # the whole check, docker exec included

@@ -14,7 +14,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import resource as sdk_resource
 
-from . import commands, hostkeys
+from . import commands, hostkeys, secret_check
 from .image_check import ImageCheck
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
@@ -68,15 +68,21 @@ def read_config() -> tuple[ClusterSpec, Secrets]:
     # The SDK has no public "all keys" call; unknown keys must be seen to be refused.
     every_key = {**runtime_config.get_config_env(), **runtime_config.CONFIG.get()}
     raw, secrets_set = decode_config(every_key)
+    # a secret's flag comes with the config: the language host's RunRequest (configSecretKeys)
+    # or PULUMI_CONFIG_SECRET_KEYS; plaintext or placeholder secrets stop here, with the rest
+    marked = {k for k in every_key if runtime_config.is_config_secret(k)}
+    marked |= set(runtime_config.get_config_secret_keys_env())
     try:
-        spec = parse_spec(raw, pulumi.get_stack(), secrets_set)
+        spec = parse_spec(raw, pulumi.get_stack(), secrets_set,
+                          secret_check.secret_problems(every_key, marked))
     except SpecError as err:
         raise pulumi.RunError(str(err)) from None
     cfg = pulumi.Config(NAMESPACE)
     return spec, Secrets(
         ssh_private_key=cfg.require_secret("sshPrivateKey"),
-        hf_token=cfg.get_secret("hfToken"),
-        api_key=cfg.get_secret("apiKey"),
+        # "" (Pulumi.yaml's default for an optional secret) is unset
+        hf_token=cfg.get_secret("hfToken") if "hfToken" in spec.secrets_set else None,
+        api_key=cfg.get_secret("apiKey") if "apiKey" in spec.secrets_set else None,
     )
 
 
@@ -92,8 +98,14 @@ def read_config_or_exit() -> tuple[ClusterSpec, Secrets]:
         raise SystemExit(BAIL_EXIT_CODE) from None
 
 
+def run() -> None:
+    """What a project's `__main__.py` calls: this repository's and every `spark-vllm init` one's."""
+    exit_quietly_when_interrupted()
+    main()
+
+
 def main() -> None:
-    """The program `__main__.py` runs: config, checked whole, then the graph and its outputs."""
+    """The program: config, checked whole, then the graph and its outputs."""
     spec, secrets = read_config_or_exit()
     if not pulumi.runtime.is_dry_run():
         # an update is about to reach the nodes: a wrong pinned key stops it before any command
@@ -135,7 +147,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "rayNodes": cluster.node_table,
         # what the nodes hold: the model's commit, files, bytes and manifest digest
         "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
-        # how to reach each node and what runs there: `python -m spark_vllm.status` reads it
+        # how to reach each node and what runs there: `spark-vllm status` reads it
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,
                    "containers": {role: commands.container_name(spec, role) for role in

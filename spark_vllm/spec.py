@@ -11,21 +11,21 @@ import ipaddress
 import json
 import posixpath
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-NAMESPACE = "spark-vllm"
+from .secret_check import NAMESPACE, SECRET_KEYS, SET_COMMAND
 
-# Config keys whose values are Pulumi secrets; the spec only records which are set.
-SECRET_KEYS = ("sshPrivateKey", "hfToken", "apiKey")
+# SECRET_KEYS: config keys whose values are Pulumi secrets (checked in secret_check); the spec
+# only records which are set.
 
 # Env keys the program computes per node (invariant 1). A user value would silently diverge
-# from Ray's or NCCL's view of the node, which is exactly the seeds' outage
-# (VLLM_HOST_IP=192.168.200.12 while Ray registered the head as 10.1.230.180).
+# from Ray's or NCCL's view of the node, which is exactly the outage this program was made
+# after (VLLM_HOST_IP=192.168.200.12 while Ray registered the head as 10.1.230.180).
 OWNED_ENV = {
     "VLLM_HOST_IP": "nodes[].fabricIp (or nodes[].host)",
     "RAY_NODE_IP_ADDRESS": "nodes[].fabricIp (or nodes[].host)",
@@ -331,22 +331,22 @@ def owned_vllm_flags(arg: str) -> list[str]:
 
 
 def parse_spec(
-    raw: Mapping[str, Any], stack: str, secrets_set: frozenset[str] = frozenset()
+    raw: Mapping[str, Any], stack: str, secrets_set: frozenset[str] = frozenset(),
+    secret_problems: Sequence[str] = (),
 ) -> ClusterSpec:
     """Validate the whole `spark-vllm:` config; raise SpecError with every problem found.
 
     `raw` maps config keys without namespace (e.g. "nodes", "tensorParallelSize") to their
-    decoded values; secret keys may be present or not, their values are ignored here.
+    decoded values; secret keys may be present or not, their values are ignored here (the
+    caller checks them with `secret_check.secret_problems` and passes what it found, so that
+    one error lists every problem).
     """
-    problems: list[str] = []
+    problems: list[str] = list(secret_problems)
     known = {to_camel(f) for f in _Settings.model_fields} | {"nodes", *SECRET_KEYS}
     for key in sorted(set(raw) - known):
         problems.append(f"{key}: unknown key (a typo?)")
     if "sshPrivateKey" not in secrets_set:
-        problems.append(
-            "sshPrivateKey: required; set it with "
-            "`pulumi config set --secret spark-vllm:sshPrivateKey < KEYFILE`"
-        )
+        problems.append(f"sshPrivateKey: required; set it with {SET_COMMAND['sshPrivateKey']}")
 
     raw_nodes = raw.get("nodes")
     nodes: list[NodeSpec] = []
@@ -408,7 +408,8 @@ def decode_config(values: Mapping[str, str]) -> tuple[dict[str, Any], frozenset[
             continue
         key = full_key[len(prefix):]
         if key in SECRET_KEYS:
-            secrets.add(key)
+            if text:  # "" is unset: Pulumi.yaml declares the optional secrets with default ""
+                secrets.add(key)
             continue
         if key in string_fields:
             raw[key] = text

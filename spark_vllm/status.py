@@ -1,4 +1,4 @@
-"""`python -m spark_vllm.status`: is the stack serving, and if not, what is down where.
+"""`spark-vllm status`: is the stack serving, and if not, what is down where.
 
 Reads what Pulumi knows (the stack's outputs: nodes, container ids, endpoint; its config: the
 same SSH key and API key the program uses) and asks the nodes what is true now: each
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import time
@@ -29,10 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import commands, ssh
+from . import commands, errors, ssh
+from .secret_check import NAMESPACE
 
-PROJECT_DIR = Path(__file__).resolve().parents[1]
-NAMESPACE = "spark-vllm"
+
+def project_dir() -> Path:
+    """The Pulumi project the stack belongs to: `spark-vllm --cwd`/the one found upwards (the
+    CLI sets SPARK_VLLM_PROJECT), else the current directory."""
+    return Path(os.environ.get("SPARK_VLLM_PROJECT") or Path.cwd())
 
 _INSPECT = ("docker inspect --format "
             "'{{.Name}}|{{.Id}}|{{.State.Status}}|{{.State.ExitCode}}|{{.State.StartedAt}}' ")
@@ -118,22 +123,31 @@ class Report:
 def select_stack(stack_name: str | None) -> Any:
     from pulumi import automation as auto
 
-    ws = auto.LocalWorkspace(work_dir=str(PROJECT_DIR))
-    if stack_name is None:
-        current = ws.stack()
-        if current is None:
-            raise SystemExit("status: no stack selected: pass --stack NAME")
-        stack_name = current.name
-    return auto.select_stack(stack_name=stack_name, work_dir=str(PROJECT_DIR))
+    work_dir = str(project_dir())
+    try:
+        ws = auto.LocalWorkspace(work_dir=work_dir)
+        if stack_name is None:
+            current = ws.stack()
+            if current is None:
+                raise errors.CliError("no stack selected",
+                                      "pass --stack NAME (`pulumi stack ls` lists them)")
+            stack_name = current.name
+        return auto.select_stack(stack_name=stack_name, work_dir=work_dir)
+    except auto.CommandError as err:
+        raise errors.from_pulumi(err, f"selecting stack {stack_name or '(selected)'}") from None
 
 
 def config_secret(stack: Any, key: str) -> str | None:
     from pulumi import automation as auto
 
     try:
-        return str(stack.get_config(f"{NAMESPACE}:{key}").value)
-    except auto.CommandError:
-        return None
+        value = str(stack.get_config(f"{NAMESPACE}:{key}").value)
+    except auto.CommandError as err:
+        # only "not found" is unset: a wrong passphrase or a backend error is said as it is
+        if "not found" in str(err).lower():
+            return None
+        raise errors.from_pulumi(err, f"reading {NAMESPACE}:{key} of stack {stack.name}") from None
+    return value or None  # "" is Pulumi.yaml's default for an unset optional secret
 
 
 def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
@@ -193,12 +207,18 @@ def _ask_vllm(endpoint: str, model: str, api_key: str | None) -> tuple[bool, str
 
 
 def collect(stack: Any) -> Report:
-    outputs = {k: v.value for k, v in stack.outputs().items()}
+    from pulumi import automation as auto
+
+    try:
+        outputs = {k: v.value for k, v in stack.outputs().items()}
+    except auto.CommandError as err:
+        raise errors.from_pulumi(err, f"reading the outputs of stack {stack.name}") from None
     if "nodes" not in outputs:
         raise LookupError(f"stack {stack.name} has no `nodes` output: run `pulumi up` first")
     key = config_secret(stack, "sshPrivateKey")
     if key is None:
-        raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set")
+        raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set; set it "
+                          f"with `pulumi config set --secret {NAMESPACE}:sshPrivateKey < KEYFILE`")
     api_key = config_secret(stack, "apiKey")
     nodes = outputs["nodes"]
     expected = outputs.get("containerIds") or {}
@@ -264,8 +284,8 @@ def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float) -> 
         time.sleep(wait)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spark_vllm.status", description=__doc__,
+def main(argv: list[str] | None = None, prog: str = "python -m spark_vllm.status") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stack", help="stack name (default: the selected stack)")
     ap.add_argument("--json", action="store_true", help="machine-readable report")
@@ -282,6 +302,9 @@ def main(argv: list[str] | None = None) -> int:
         report = collect(stack)
     except LookupError as err:
         print(f"status: {err}", file=sys.stderr)
+        return 2
+    except errors.CliError as err:
+        print(err.text("status"), file=sys.stderr)
         return 2
     print(json.dumps(report.to_json(), indent=2) if args.json else report.text())
     return 0 if report.serving else 1

@@ -1,6 +1,6 @@
 """What a `pulumi preview` of a spark-vllm stack restarts, on which node, and why.
 
-    pulumi preview --json --show-sames --stack S | python -m spark_vllm.summary [--format text]
+    pulumi preview --json --show-sames --stack S | spark-vllm summary [--format text]
 
 On this stack a restart is expensive (a vLLM restart reloads ~120 GB of weights), so a reviewer
 asks one question of every change: what restarts, where, because of which line? Pulumi's own
@@ -586,9 +586,9 @@ def render_text(s: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m spark_vllm.summary") -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m spark_vllm.summary",
+        prog=prog,
         description="Summarize `pulumi preview --json` of a spark-vllm stack: what restarts, "
                     "on which node, and why. Exit 0: summarized; 2: not a preview document.")
     ap.add_argument("--format", choices=("markdown", "text"), default="markdown")

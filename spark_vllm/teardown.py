@@ -1,4 +1,4 @@
-"""`python -m spark_vllm.teardown --node-gone NODE`: destroy a stack one of whose nodes is gone
+"""`spark-vllm teardown --node-gone NODE`: destroy a stack one of whose nodes is gone
 for good (dead disk, returned hardware), removing everything on every node that answers.
 
 `pulumi destroy` cannot remove a container on a node it cannot reach, and stops there (after
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from . import ssh, status
+from . import errors, ssh, status
 
 CMD = "command:remote:Command"
 
@@ -95,7 +95,7 @@ def teardown(stack: Any, node: str, say: Any = print) -> None:
             stack.destroy(target=deps, on_output=echo)
         say(f"[teardown] forgetting {name} (it ran on {node})")
         proc = subprocess.run(["pulumi", "state", "delete", urn, "--yes", "--stack", stack.name],
-                              capture_output=True, text=True, cwd=str(status.PROJECT_DIR))
+                              capture_output=True, text=True, cwd=str(status.project_dir()))
         if proc.returncode != 0:
             raise RuntimeError(f"pulumi state delete {name}: "
                                f"{proc.stderr.strip() or proc.stdout.strip()}")
@@ -110,8 +110,8 @@ def teardown(stack: Any, node: str, say: Any = print) -> None:
         f"(docker rm -f $(docker ps -aq --filter label=spark-vllm.stack={stack.name}))")
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m spark_vllm.teardown", description=__doc__,
+def main(argv: list[str] | None = None, prog: str = "python -m spark_vllm.teardown") -> int:
+    ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stack", help="stack name (default: the selected stack)")
     ap.add_argument("--node-gone", required=True, metavar="NODE",
@@ -121,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         teardown(status.select_stack(args.stack), args.node_gone)
-    except (LookupError, RuntimeError, auto.CommandError) as err:
+    except auto.CommandError as err:
+        print(errors.from_pulumi(err, "teardown").text("teardown"), file=sys.stderr)
+        return 1
+    except errors.CliError as err:
+        print(err.text("teardown"), file=sys.stderr)
+        return 1
+    except (LookupError, RuntimeError) as err:
         print(f"teardown: {str(err).strip()}", file=sys.stderr)
         return 1
     return 0

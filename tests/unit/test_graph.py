@@ -4,6 +4,7 @@ env, secrets. Mocks cannot show the engine's ordering; tests/integration does, f
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from unittest.mock import patch
 
 import pulumi
@@ -195,7 +196,9 @@ GOOD_CONFIG = {
     "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1"},
                                     {"name": "b", "host": "10.0.0.2"}]),
     "spark-vllm:image": "img", "spark-vllm:model": "org/m", "spark-vllm:tensorParallelSize": "2",
-    "spark-vllm:sshPrivateKey": SSH_KEY,
+    # a real (test-only, passphrase-less) key: the program checks the key's form
+    "spark-vllm:sshPrivateKey": (Path(__file__).resolve().parents[1] / "fixtures" / "keys"
+                                 / "clear_ed25519").read_text(),
 }
 
 

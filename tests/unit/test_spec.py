@@ -141,7 +141,8 @@ def test_owned_env_covers_the_design_list() -> None:
 def test_ssh_key_is_required() -> None:
     found = problems(lambda r: None, secrets=frozenset())
     assert found == ["sshPrivateKey: required; set it with "
-                     "`pulumi config set --secret spark-vllm:sshPrivateKey < KEYFILE`"]
+                     "`pulumi config set --secret spark-vllm:sshPrivateKey < "
+                     "~/.ssh/spark-vllm-deploy` (the deploy key's file)"]
 
 
 def test_every_problem_is_reported_together() -> None:
@@ -211,8 +212,8 @@ def stack_config(path: Path) -> tuple[dict[str, Any], frozenset[str]]:
     return decode_config(flat)
 
 
-def test_spark_duo_stack_is_valid_and_matches_the_seeds() -> None:
-    raw, secrets = stack_config(ROOT / "stacks" / "Pulumi.spark-duo.yaml")
+def test_spark_duo_example_is_valid_and_matches_the_outage_layout() -> None:
+    raw, secrets = stack_config(ROOT / "docs" / "examples" / "Pulumi.spark-duo.yaml")
     spec = parse_spec(raw, "spark-duo", secrets | {"sshPrivateKey"})
     assert spec.head.host == "10.1.230.180"
     assert [n.identity_ip for n in spec.nodes] == ["192.168.200.12", "192.168.200.13"]
@@ -222,11 +223,15 @@ def test_spark_duo_stack_is_valid_and_matches_the_seeds() -> None:
 
 
 def test_example_documents_every_key() -> None:
-    doc = yaml.safe_load((ROOT / "stacks" / "example.yaml").read_text())["config"]
+    text = (ROOT / "spark_vllm" / "template" / "stack.example.yaml").read_text()
+    doc = yaml.safe_load(text)["config"]
     keys = {k.split(":", 1)[1] for k in doc}
     from pydantic.alias_generators import to_camel
     settings = {to_camel(f) for f in _Settings.model_fields}
-    assert keys == settings | {"nodes", "sshPrivateKey", "hfToken", "apiKey"}
+    assert keys == settings | {"nodes"}
+    # the secrets are documented with their command, never given a (placeholder) value
+    for key in ("sshPrivateKey", "hfToken", "apiKey"):
+        assert f"pulumi config set --secret spark-vllm:{key}" in text, key
     node_keys = set(doc["spark-vllm:nodes"][0])
     assert node_keys == {"name", "host", "user", "port", "hostKey", "fabricIp",
                          "fabricInterface", "ibHca", "gpus"}
