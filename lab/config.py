@@ -32,7 +32,7 @@ BASE_IMAGE = f"{PREFIX}-base:bookworm"
 NODE_IMAGE_REPO = f"{PREFIX}-node"
 INNER_IMAGE = "spark-vllm-sim:lab"
 # The vLLM version the simulator in INNER_IMAGE plays (env VLLM_SIM_VLLM_VERSION baked in):
-# V2 mode, modelled on vLLM 0.33.0. The legacy mode (the seed image's vLLM) is built as
+# V2 mode, modelled on vLLM 0.33.0. The legacy mode (the outage image's vLLM) is built as
 # f"{INNER_IMAGE}-{LEGACY_SIM_VLLM_VERSION}" (lab/vllm_sim/README.md).
 SIM_VLLM_VERSION = "0.33.0"
 LEGACY_SIM_VLLM_VERSION = "0.17.1"

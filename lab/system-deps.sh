@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Host packages the lab needs (Debian 12). Idempotent: returns at once when all are installed.
 #   docker.io     dockerd + containerd for the lab's node containers (Docker-in-Docker)
-#   debootstrap   builds the Debian base image (no registry reachable: LAB-NOTES "Images")
+#   debootstrap   builds the Debian base image (no registry is reachable from the lab machine)
 #   openssh-client, rsync   reaching the nodes as a Spark is reached
 #   iproute2, iptables, curl, ca-certificates   networks, checks, and the CA bundle for pip
 set -euo pipefail

@@ -43,7 +43,7 @@ RAY_STARTED_MARK = "Ray runtime started"
 _LISTENING_SH = ("awk -v p=:{port:04X} '$4 == \"0A\" && substr($2, length($2) - 4) == p "
                  "{{f = 1}} END {{exit !f}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null")
 # vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
-# with the gate passed it means vLLM asks Ray for something Ray does not have (the seeds' hang).
+# with the gate passed it means vLLM asks Ray for something Ray does not have (the outage's hang).
 PG_WAITING_MARK = "Waiting for creating a placement group"
 # A worker's `ray start` logs this 5 s into a GCS connection that never completes, then keeps
 # retrying for minutes. The head is up by then (its command waited for it), so the path from

@@ -20,10 +20,11 @@ rm -f /run/lab-node-ready
 # stack's containers are found stopped, as on a rebooted Spark.
 rm -rf /run/docker.pid /run/docker /run/containerd /run/sshd.pid
 
-# 1. Emulated --privileged (LAB-NOTES "Nodes"): docker mounts /sys and the cgroup hierarchies
-#    read-only unless --privileged; the inner dockerd/runc need them writable. The cgroup v1
-#    hierarchies are read-only *bind* mounts of the node's own cgroup: a plain remount fails
-#    ("mount point is busy"), `remount,bind,rw` flips the bind's flag.
+# 1. Emulated --privileged (plain --privileged fails on the lab VM, whose root lacks
+#    CAP_SYS_RESOURCE: lab/nodes.py, docs/development.md): docker mounts /sys and the cgroup
+#    hierarchies read-only unless --privileged; the inner dockerd/runc need them writable.
+#    The cgroup v1 hierarchies are read-only *bind* mounts of the node's own cgroup: a plain
+#    remount fails ("mount point is busy"), `remount,bind,rw` flips the bind's flag.
 remount_rw() {
   mount -o remount,rw "$1" 2>/dev/null || mount -o remount,bind,rw "$1" 2>/dev/null \
     || log "warning: cannot remount $1 rw"

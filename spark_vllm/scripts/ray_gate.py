@@ -5,7 +5,7 @@ argv[1]: JSON {"expected": [{"name", "ip", "gpus"}], "timeout": s, "address": "i
 message that quotes the command line stays short. Polls Ray's node table until every expected
 node is alive under its identity IP with its GPUs and no other node is alive; else fails after
 `timeout` with an expected-vs-seen table, instead of vLLM's 1800 s placement-group wait
-(FIELD-NOTES, vLLM). Prints the node table as JSON.
+(vllm/v1/executor/ray_utils.py, PG_WAIT_TIMEOUT). Prints the node table as JSON.
 """
 import json
 import sys

@@ -56,7 +56,7 @@ def lab2() -> Iterator[Lab]:
 
 @pytest.fixture(scope="module")
 def lab2_legacy() -> Iterator[Lab]:
-    """Two nodes whose simulator plays vLLM 0.17.1 (the seed image's legacy Ray executor)."""
+    """Two nodes whose simulator plays vLLM 0.17.1 (the outage image's legacy Ray executor)."""
     lab = None
     try:
         lab = start_lab(2, sim_vllm_version=config.LEGACY_SIM_VLLM_VERSION)

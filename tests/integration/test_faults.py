@@ -1,8 +1,8 @@
-"""Faults and security on the real engine against a 2-node lab, logged in as the seeds'
-non-root user `aurora`, with every secret set. Each scenario asserts on what the user sees, how
-long it took, and what is left on the nodes and in the state; the last ones scan everything a
-run leaves (state files, engine output and events, outputs, node files, process lists) for the
-secrets' values."""
+"""Faults and security on the real engine against a 2-node lab, logged in as the non-root user
+`aurora` (as on the Sparks of the outage), with every secret set. Each scenario asserts on what
+the user sees, how long it took, and what is left on the nodes and in the state; the last ones
+scan everything a run leaves (state files, engine output and events, outputs, node files,
+process lists) for the secrets' values."""
 
 from __future__ import annotations
 

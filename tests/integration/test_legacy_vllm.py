@@ -1,4 +1,4 @@
-"""The same program on a lab whose simulator plays vLLM 0.17.1 (the seed image's legacy Ray
+"""The same program on a lab whose simulator plays vLLM 0.17.1 (the outage image's legacy Ray
 executor: placement group pinned with `node:<VLLM_HOST_IP>`): fresh up, env change in order,
 vLLM-only change, and a worker that cannot reach the head. The other modules run the default
 image, which plays vLLM 0.33.0 (RayExecutorV2)."""

@@ -69,8 +69,9 @@ def test_worker_uses_its_own_identity_and_interfaces_and_joins_the_head() -> Non
 
 
 def test_no_container_has_a_restart_policy() -> None:
-    """Docker must not revive a container on its own (invariant 7): a worker back alone joins
-    a Ray cluster whose vLLM ranks died, vLLM looping on the GPU can wedge a Spark."""
+    """Docker must not revive a container on its own (a repair goes through the engine, in
+    order): a worker back alone joins a Ray cluster whose vLLM ranks died, vLLM looping on the
+    GPU can wedge a Spark."""
     spec = duo()
     for argv in (c.head_run_argv(spec), c.worker_run_argv(spec, spec.nodes[1]),
                  c.vllm_run_argv(spec)):
@@ -433,7 +434,7 @@ def test_an_interrupted_start_removes_what_it_started(tmp_path: Path, sig: int) 
 
 
 def test_vllm_waiting_for_a_placement_group_fails_at_once(tmp_path: Path) -> None:
-    """The seeds' hang: vLLM logs that it waits for a placement group Ray cannot place."""
+    """The outage's hang: vLLM logs that it waits for a placement group Ray cannot place."""
     spec = duo()
     (tmp_path / "exec-fails").touch()  # never serving
     (tmp_path / "logs").write_text("INFO ray_utils.py: Waiting for creating a placement group of "
@@ -536,7 +537,7 @@ def test_gate_checks_gpus_and_versions() -> None:
     assert gate.version_problem(same) is None
     diff = [same[0], '{"node": "b", "ray": "2.54.0", "python": "3.12.1", "vllm": "0.33.0"}']
     assert "b: ray 2.54.0, python 3.12.1, vllm 0.33.0" in gate.version_problem(diff)
-    # two vLLM releases under one image name: the seeds' "mixing files from two vLLM versions"
+    # two vLLM releases under one image name: the incident's "mixing files from two vLLM versions"
     mixed = [same[0], '{"node": "b", "ray": "2.60.0", "python": "3.11.2", "vllm": "0.17.1"}']
     assert "a: ray 2.60.0, python 3.11.2, vllm 0.33.0" in gate.version_problem(mixed)
 

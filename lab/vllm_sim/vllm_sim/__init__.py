@@ -5,7 +5,7 @@ per rank, the same waiting and error text) and serves the OpenAI-compatible endp
 canned answers. It does no inference.
 
 Which vLLM it plays is set by VLLM_SIM_VLLM_VERSION (default DEFAULT_VLLM_VERSION):
-- legacy mode (< V2_FROM, e.g. 0.17.1, the seed image's vLLM): the legacy Ray executor, with the
+- legacy mode (< V2_FROM, e.g. 0.17.1, the outage image's vLLM): the legacy Ray executor, with the
   `node:<ip>` pin, the driver-GPU and unique-IP checks, a permissive command line.
 - V2 mode (>= V2_FROM, modelled on 0.33.0): RayExecutorV2 (vllm/v1/executor/abstract.py:76-79
   picks it for `ray` unconditionally in 0.33.0), the real flag table, the real auth scope.
