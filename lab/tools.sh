@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
-# Build the Pulumi engine once, cached outside the repo, and hand back its bin dir (fast path
-# well under a second once built):
+# The lab's Pulumi engine, and its bin dir as the last stdout line (progress goes to stderr):
 #
-#   BIN=$(lab/tools.sh | tail -1)      # progress goes to stderr, the bin dir is the last stdout line
+#   BIN=$(lab/tools.sh | tail -1)
 #
-# Everything here is a real Pulumi part, built from upstream source:
-#   bin/pulumi                          the CLI, from the Go module proxy (pkg/v3 + sdk/v3)
-#   bin/pulumi-language-python-exec     the SDK's launcher script, from the sdk/v3 module
-#   bin/pulumi-language-python          the Python language host  } from ../shared/vendor/
-#   bin/pulumi-resource-pulumi-python   the dynamic-provider host } pulumi-language-python/
-#   plugins/resource-command-v<V>/pulumi-resource-command
-#                                       pulumi-command's provider, from ../shared/vendor/
-#                                       pulumi-command/ at the version requirements.txt pins
-# The language host and pulumi-python sit next to `pulumi`, where the official CLI tarball ships
-# them (the engine calls them "bundled": found there without a `from $PATH` warning). The
-# command provider is a normal resource plugin: lab/env.sh installs it into the lab's
-# PULUMI_HOME with `pulumi plugin install resource command <V> --file …`, as a download would.
-#
-# The module proxy refuses both plugins *as modules* but serves their dependencies, so they are
-# built from the vendored sources (copied first: ../shared is read-only in CI). Each part is
-# cached under its own key (version + a hash of the sources it comes from), built into
-# <key>.partial/ and renamed when complete, so an interrupted build never looks finished.
+# 1. An installed engine when there is one: `pulumi` on PATH at >= the Python SDK pin
+#    (requirements.txt), with the language host beside it (as the official CLI tarball ships
+#    it), and pulumi-command's provider at the pinned version in the plugin cache
+#    (${PULUMI_HOME:-~/.pulumi}/plugins, where `pulumi plugin install resource command V` puts
+#    it). Links to those parts are assembled under the cache; nothing is built or downloaded.
+#    SPARK_VLLM_ENGINE=vendored skips this step.
+# 2. Otherwise (the offline fallback, e.g. a machine that reaches package registries only) the
+#    same real parts are built once from upstream source and cached (under a second, once built):
+#      bin/pulumi                          the CLI, from the Go module proxy (pkg/v3 + sdk/v3)
+#      bin/pulumi-language-python-exec     the SDK's launcher script, from the sdk/v3 module
+#      bin/pulumi-language-python          the Python language host  } from the vendored
+#      bin/pulumi-resource-pulumi-python   the dynamic-provider host } pulumi-language-python/
+#      plugins/resource-command-v<V>/pulumi-resource-command
+#                                          pulumi-command's provider, from the vendored
+#                                          pulumi-command/ at the version requirements.txt pins
+#    The module proxy refuses both plugins *as modules* but serves their dependencies, so they
+#    are built from vendored upstream snapshots (SPARK_VLLM_VENDOR: a directory holding
+#    pulumi-command/ and pulumi-language-python/ and a README.md naming their versions; copied
+#    before building, as it may be read-only). Each part is cached under its own key (version +
+#    a hash of its sources), built into <key>.partial/ and renamed when complete, so an
+#    interrupted build never looks finished.
+# The language host and pulumi-python sit next to `pulumi` (the engine calls them "bundled":
+# found there without a `from $PATH` warning). The command provider is a normal resource
+# plugin: lab/env.sh installs it into the lab's PULUMI_HOME with `pulumi plugin install
+# resource command <V> --file …`, as a download would.
 #
 # Cache: ${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain/
-# Sources: ${SPARK_VLLM_VENDOR:-<repo>/../shared/vendor}
+# Sources (fallback only): ${SPARK_VLLM_VENDOR:-<repo>/../shared/vendor}
 set -euo pipefail
 
 log() { printf '[tools] %s\n' "$*" >&2; }
@@ -45,9 +52,41 @@ tree_sum() { # tree_sum DIR -> short content hash of every file under DIR
     (cd "$1" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)
 }
 
-[[ -f $VENDOR/README.md ]] || die "vendored plugin sources not found at $VENDOR (set SPARK_VLLM_VENDOR)"
 SDK_VERSION=$(pin pulumi)            # Python SDK, e.g. 3.272.0
 CMD_VERSION=$(pin pulumi-command)    # command provider the Python SDK asks the engine for
+CACHE_ROOT=${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain
+
+installed_engine() { # -> the bin dir of links to an installed engine, or fail
+    [[ ${SPARK_VLLM_ENGINE:-auto} != vendored ]] || return 1
+    local cli dir version plugin key out
+    cli=$(command -v pulumi) || return 1
+    dir=$(dirname "$(readlink -f "$cli")")
+    case "$dir/" in "$CACHE_ROOT"/*) return 1 ;; esac   # this script's own build, on PATH
+    [[ -x $dir/pulumi-language-python && -x $dir/pulumi-resource-pulumi-python ]] || {
+        log "installed pulumi at $dir has no pulumi-language-python beside it: not used"; return 1; }
+    version=$("$dir/pulumi" version 2>/dev/null) || return 1
+    version=${version#v}
+    [[ $(printf '%s\n%s\n' "$SDK_VERSION" "$version" | sort -V | head -1) == "$SDK_VERSION" ]] || {
+        log "installed pulumi $version is older than the SDK pin $SDK_VERSION: not used"; return 1; }
+    plugin=${PULUMI_HOME:-$HOME/.pulumi}/plugins/resource-command-v$CMD_VERSION/pulumi-resource-command
+    [[ -x $plugin ]] || {
+        log "installed pulumi $version found, but not pulumi-resource-command $CMD_VERSION" \
+            "(pulumi plugin install resource command $CMD_VERSION): not used"; return 1; }
+    key=$(printf '%s\n' "$dir" "$version" "$plugin" | sha256sum | cut -c1-12)
+    out="$CACHE_ROOT/installed-$key"
+    if [[ ! -d $out ]]; then
+        mkdir -p "$out.partial/bin" "$out.partial/plugins/resource-command-v$CMD_VERSION"
+        ln -sf "$dir"/pulumi "$dir"/pulumi-language-python* "$dir"/pulumi-resource-pulumi-python \
+            "$out.partial/bin/"
+        ln -sf "$plugin" "$out.partial/plugins/resource-command-v$CMD_VERSION/"
+        rm -rf "$out" && mv "$out.partial" "$out"
+    fi
+    log "using the installed engine: pulumi $version at $dir, pulumi-resource-command $CMD_VERSION"
+    echo "$out/bin"
+}
+if installed_engine; then exit 0; fi
+
+[[ -f $VENDOR/README.md ]] || die "no installed Pulumi engine (pulumi >= $SDK_VERSION on PATH with pulumi-resource-command $CMD_VERSION in its plugins), and no vendored sources to build one at $VENDOR (set SPARK_VLLM_VENDOR)"
 CMD_SRC="$VENDOR/pulumi-command"
 LANG_SRC="$VENDOR/pulumi-language-python"
 [[ $(vendored pulumi-command tag) == "$CMD_VERSION" ]] ||
@@ -63,7 +102,6 @@ case "$SDK_VERSION" in
     *) CLI_VERSION=$SDK_VERSION ;;
 esac
 
-CACHE_ROOT=${SPARK_VLLM_CACHE:-$HOME/.cache/spark-vllm}/toolchain
 CLI_DIR="$CACHE_ROOT/cli-v$CLI_VERSION"
 CMD_DIR="$CACHE_ROOT/resource-command-v$CMD_VERSION-$(tree_sum "$CMD_SRC")"
 LANG_DIR="$CACHE_ROOT/language-python-v$LANG_VERSION-$(tree_sum "$LANG_SRC")"

@@ -88,8 +88,53 @@ def test_a_vendor_snapshot_that_does_not_match_the_pin_is_refused(tmp_path: Path
     readme.write_text(readme.read_text().replace(f"tag v{_pin('pulumi-command')}", "tag v1.0.9"))
     proc = subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
                           timeout=60, env={**os.environ, "SPARK_VLLM_VENDOR": str(vendor),
-                                           "SPARK_VLLM_CACHE": str(tmp_path / "cache")})
+                                           "SPARK_VLLM_CACHE": str(tmp_path / "cache"),
+                                           "SPARK_VLLM_ENGINE": "vendored"})
     assert proc.returncode != 0
     assert f"pins pulumi-command=={_pin('pulumi-command')}" in proc.stderr
     assert "v1.0.9" in proc.stderr
     assert not (tmp_path / "cache").exists()  # refused before building anything
+
+
+def _installed_engine(tmp_path: Path, env: dict[str, str], with_plugin: bool = True) -> dict[str, str]:
+    """An engine installed the usual way: the CLI with its language host in one directory on
+    PATH (the official tarball's layout), the command provider in ~/.pulumi/plugins. Its parts
+    are copies of the real ones the fallback built."""
+    built = Path(env["SPARK_VLLM_TOOLCHAIN_BIN"])
+    bin_dir, home = tmp_path / "pulumi" / "bin", tmp_path / "home" / ".pulumi"
+    bin_dir.mkdir(parents=True)
+    for part in built.iterdir():
+        shutil.copy2(part, bin_dir / part.name)
+    if with_plugin:
+        leaf = f"resource-command-v{_pin('pulumi-command')}"
+        (home / "plugins" / leaf).mkdir(parents=True)
+        shutil.copy2(built.parent / "plugins" / leaf / "pulumi-resource-command",
+                     home / "plugins" / leaf / "pulumi-resource-command")
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PULUMI_HOME": str(home),
+            "SPARK_VLLM_CACHE": str(tmp_path / "cache"),
+            # no sources: only the installed engine can answer
+            "SPARK_VLLM_VENDOR": str(tmp_path / "no-vendor")}
+
+
+def test_an_installed_engine_is_used_without_building_or_vendored_sources(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
+                          timeout=60, env=_installed_engine(tmp_path, env))
+    assert proc.returncode == 0, proc.stderr
+    assert "using the installed engine" in proc.stderr and "building" not in proc.stderr
+    bin_dir = Path(proc.stdout.splitlines()[-1])
+    assert (bin_dir / "pulumi").resolve() == tmp_path / "pulumi" / "bin" / "pulumi"
+    plugin = bin_dir.parent / "plugins" / f"resource-command-v{_pin('pulumi-command')}"
+    assert (plugin / "pulumi-resource-command").resolve().is_relative_to(tmp_path / "home")
+    version = subprocess.run([str(bin_dir / "pulumi"), "version"], capture_output=True,
+                             text=True, timeout=60).stdout.strip()
+    assert version.startswith("v3.")
+
+
+def test_an_installed_cli_without_the_command_plugin_falls_back_and_says_why(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    proc = subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
+                          timeout=60, env=_installed_engine(tmp_path, env, with_plugin=False))
+    assert proc.returncode != 0
+    assert f"pulumi plugin install resource command {_pin('pulumi-command')}" in proc.stderr
+    assert "set SPARK_VLLM_VENDOR" in proc.stderr
