@@ -22,7 +22,8 @@ from . import errors
 
 PROJECT_ENV = "SPARK_VLLM_PROJECT"  # how the subcommands learn the project directory
 TEMPLATE_FILES = {"Pulumi.yaml": "Pulumi.yaml", "__main__.py": "__main__.py",
-                  "gitignore": ".gitignore", "stack.example.yaml": "stack.example.yaml"}
+                  "gitignore": ".gitignore", "stack.example.yaml": "stack.example.yaml",
+                  "preview.yml": ".github/workflows/spark-vllm-preview.yml"}
 
 
 def installed_requirement() -> str | None:
@@ -57,6 +58,7 @@ def init(directory: Path, requirement: str | None) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     template = resources.files(__package__).joinpath("template")
     for src, dst in TEMPLATE_FILES.items():
+        (directory / dst).parent.mkdir(parents=True, exist_ok=True)
         (directory / dst).write_text(template.joinpath(src).read_text())
     (directory / "requirements.txt").write_text(
         "# The program this project runs (pip's direct reference, PEP 508 `name @ url`): pin\n"

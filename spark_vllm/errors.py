@@ -28,7 +28,11 @@ class CliError(Exception):
 
 
 def _stderr_tail(err: Any, n: int = 6) -> str:
-    text = (getattr(err, "stderr", "") or str(err)).strip()  # CommandError: str() has stderr
+    # a CompletedProcess has .stderr; an automation CommandError's text is
+    # "code: N\n stdout: …\n stderr: …" (pulumi automation/_cmd.py CommandResult.__str__)
+    text = (getattr(err, "stderr", "") or str(err)).strip()
+    if " stderr: " in text:
+        text = text.split(" stderr: ", 1)[1].strip()
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return "\n".join(lines[-n:])
 

@@ -209,16 +209,17 @@ def _ask_vllm(endpoint: str, model: str, api_key: str | None) -> tuple[bool, str
 def collect(stack: Any) -> Report:
     from pulumi import automation as auto
 
+    # the key first: a wrong passphrase is said here, before anything else is read
+    key = config_secret(stack, "sshPrivateKey")
+    if key is None:
+        raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set; set it "
+                          f"with `pulumi config set --secret {NAMESPACE}:sshPrivateKey < KEYFILE`")
     try:
         outputs = {k: v.value for k, v in stack.outputs().items()}
     except auto.CommandError as err:
         raise errors.from_pulumi(err, f"reading the outputs of stack {stack.name}") from None
     if "nodes" not in outputs:
         raise LookupError(f"stack {stack.name} has no `nodes` output: run `pulumi up` first")
-    key = config_secret(stack, "sshPrivateKey")
-    if key is None:
-        raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set; set it "
-                          f"with `pulumi config set --secret {NAMESPACE}:sshPrivateKey < KEYFILE`")
     api_key = config_secret(stack, "apiKey")
     nodes = outputs["nodes"]
     expected = outputs.get("containerIds") or {}

@@ -1,4 +1,5 @@
-"""The pull-request workflows (.github/workflows/) pass actionlint, the real linter, built from
+"""The pull-request workflow an operator's project gets (spark_vllm/template/preview.yml, which
+`spark-vllm init` writes to .github/workflows/) passes actionlint, the real linter, built from
 the Go module proxy by lab/actionlint.sh (it also runs shellcheck on `run:` scripts when
 shellcheck is on PATH); and the check can fail: a broken copy is reported."""
 
@@ -13,8 +14,7 @@ import yaml
 
 from lab.config import REPO_DIR
 
-WORKFLOWS = sorted((REPO_DIR / ".github" / "workflows").glob("*.yml"))
-PREVIEW = REPO_DIR / ".github" / "workflows" / "preview.yml"
+PREVIEW = REPO_DIR / "spark_vllm" / "template" / "preview.yml"
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,16 @@ def test_the_linter_is_the_pinned_actionlint(actionlint: str) -> None:
     assert proc.stdout.splitlines()[0] == "v1.7.12", proc.stdout
 
 
-def test_every_workflow_passes_actionlint(actionlint: str) -> None:
-    assert PREVIEW in WORKFLOWS
-    proc = lint(actionlint, *WORKFLOWS)
+def _project(tmp_path: Path, text: str) -> Path:
+    """The workflow where `spark-vllm init` puts it."""
+    path = tmp_path / ".github" / "workflows" / "spark-vllm-preview.yml"
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    return path
+
+
+def test_the_preview_workflow_passes_actionlint(actionlint: str, tmp_path: Path) -> None:
+    proc = lint(actionlint, _project(tmp_path, PREVIEW.read_text()), cwd=tmp_path)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
@@ -51,9 +58,7 @@ def test_a_broken_copy_is_reported(actionlint: str, tmp_path: Path, old: str, ne
                                    reported: str) -> None:
     text = PREVIEW.read_text()
     assert old in text
-    broken = tmp_path / ".github" / "workflows" / "preview.yml"
-    broken.parent.mkdir(parents=True)
-    broken.write_text(text.replace(old, new, 1))
+    broken = _project(tmp_path, text.replace(old, new, 1))
     proc = lint(actionlint, broken, cwd=tmp_path)
     assert proc.returncode == 1, proc
     assert reported in proc.stdout, proc.stdout
@@ -67,8 +72,8 @@ def _workflow() -> dict[Any, Any]:
 def test_the_preview_workflow_runs_on_the_program_and_stacks_with_minimal_permissions() -> None:
     doc = _workflow()
     on = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as true
-    assert on["pull_request"]["paths"] == ["__main__.py", "spark_vllm/**", "requirements*.txt",
-                                           "Pulumi.yaml", "stacks/**"]
+    assert on["pull_request"]["paths"] == ["__main__.py", "requirements.txt", "Pulumi.yaml",
+                                           "Pulumi.*.yaml"]
     assert doc["permissions"] == {"contents": "read", "pull-requests": "write"}
     assert all("permissions" not in job for job in doc["jobs"].values())
 
@@ -79,5 +84,5 @@ def test_the_preview_never_refreshes_and_installs_the_pinned_cli() -> None:
     previews = [ln.strip() for run in runs for ln in run.splitlines()
                 if ln.strip().startswith("pulumi preview")]
     assert len(previews) == 2 and not any("--refresh" in p for p in previews), previews
-    assert "sed -n -E 's/^pulumi==" in text and "get.pulumi.com | sh -s -- --version" in text
+    assert 'm.version("pulumi")' in text and "get.pulumi.com | sh -s -- --version" in text
     assert "<!-- spark-vllm-preview:${stack} -->" in text
