@@ -33,7 +33,7 @@ exec 9>"$CACHE_ROOT/.actionlint.lock"
 flock -n 9 || { log "another build holds $CACHE_ROOT/.actionlint.lock; waiting"; flock 9; }
 if [[ ! -x $DIR/actionlint ]]; then   # the build we waited for may have made it
     T0=$SECONDS
-    log "building actionlint v$VERSION from the Go module proxy (cold: ~20 s on 2 cores)"
+    log "building actionlint v$VERSION from the Go module proxy (cold: 20-50 s)"
     rm -rf "$DIR.partial" && mkdir -p "$DIR.partial"
     # GOFLAGS from the caller (lab/tools.sh exports -mod=mod) do not apply to `go install pkg@v`
     PKG="github.com/rhysd/actionlint/cmd/actionlint@v$VERSION"

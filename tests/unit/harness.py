@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pulumi
@@ -21,6 +22,24 @@ CMD = "command:remote:Command"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-ssh-key-material\n-----END-----"
 HF_TOKEN = "hf_secretTokenValue123"
 API_KEY = "sk-secret-api-key-456"
+
+
+# rsync as a preflight sees it: on PATH (`command -v rsync`, the staging check), never run. The
+# unit tests put it in their fake bin dir so they pass on a host without rsync; a script that
+# did run it fails loudly instead of copying anything.
+FAKE_RSYNC = """#!/bin/sh
+echo "fake rsync (tests/unit/harness.py): a unit test ran rsync $*" >&2
+exit 127
+"""
+
+
+def fake_rsync(bin_dir: Path) -> Path:
+    """Put the fake `rsync` in `bin_dir` (made if missing); return its path."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    rsync = bin_dir / "rsync"
+    rsync.write_text(FAKE_RSYNC)
+    rsync.chmod(0o755)
+    return rsync
 
 
 IMAGE_ID = "sha256:" + "ab" * 32

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_vllm import commands as c
-from tests.unit.harness import lab_nodes, spec_from
+from tests.unit.harness import fake_rsync, lab_nodes, spec_from
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -293,6 +293,7 @@ def run_with_fake_docker(script: str, status: str = "running", gone: bool = Fals
     docker = tmp / "bin" / "docker"
     docker.write_text(FAKE_DOCKER)
     docker.chmod(0o755)
+    fake_rsync(tmp / "bin")  # the preflight's staging check: rsync on PATH, host's or not
     (tmp / "status").write_text(status + "\n")
     if gone:
         (tmp / "gone").touch()

@@ -1,6 +1,7 @@
-"""The preflight script run for real, on a PATH where `docker`, `ip` and `nvidia-smi` are fakes
-that fail in each way a Spark can: every check must stop the script with its own message
-(naming the field to fix), before any container of the stack is started."""
+"""The preflight script run for real, on a PATH where `docker`, `ip`, `nvidia-smi` and `rsync`
+are fakes that fail in each way a Spark can: every check must stop the script with its own
+message (naming the field to fix), before any container of the stack is started. The host's
+own rsync and ssh are never on that PATH: the tests pass, and fail, the same without them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from spark_vllm import commands as c
-from tests.unit.harness import spec_from
+from tests.unit.harness import fake_rsync, spec_from
 
 FAKE_TOOL = r"""#!/bin/sh
 # $0's name is the tool; $FAKE_MODE says how it misbehaves; calls are logged to $FAKE_LOG
@@ -37,6 +38,9 @@ esac
 """
 
 
+FAKED = ("docker", "ip", "nvidia-smi", "rsync")
+
+
 def node(**over: object) -> dict[str, object]:
     # `lo` exists on every Linux machine, so /sys/class/net/lo is real
     return {"name": "spark-a", "host": "10.1.230.180", "user": "aurora",
@@ -50,17 +54,21 @@ def preflight(tmp: Path, mode: str, at: int = 0,
                      tensorParallelSize=len(nodes), **{"checkGpu": False, "imagePull": "never", **top})
     bin_dir = tmp / "bin"
     bin_dir.mkdir(exist_ok=True)
-    # every system tool but docker, so "docker is not installed" can happen for real
+    # every system tool but the faked ones (and ssh, which no check runs), so "docker is not
+    # installed" can happen for real and the host's rsync/ssh (present or not) play no part
     for d in ("/usr/local/bin", "/usr/bin", "/bin"):
         for tool in Path(d).iterdir() if Path(d).is_dir() else []:
             link = bin_dir / tool.name
-            if tool.name not in ("docker", "ip", "nvidia-smi") and not link.exists():
+            # lexists: a host's dangling link (slogin -> an absent ssh) is linked once, not twice
+            if tool.name not in (*FAKED, "ssh") and not os.path.lexists(link):
                 link.symlink_to(tool)
     fakes = [] if mode == "no-docker" else ["docker"]
     fakes += ["ip", "nvidia-smi"]
     for name in fakes:
         (bin_dir / name).write_text(FAKE_TOOL)
         (bin_dir / name).chmod(0o755)
+    if mode != "no-rsync":
+        fake_rsync(bin_dir)
     log = tmp / "calls"
     log.touch()
     proc = subprocess.run(
@@ -88,9 +96,11 @@ def preflight(tmp: Path, mode: str, at: int = 0,
     ("pull-fails", {"imagePull": "missing"}, "docker pull img:1 failed"),
     ("no-vllm", {}, "image has no python3 with ray and vllm: no vllm command in the image"),
     ("no-ray", {}, "image has no python3 with ray and vllm: ModuleNotFoundError"),
+    ("no-rsync", {}, "rsync is not installed: modelStaging download copies the model with rsync "
+                     "and checks it with python3 (or set modelStaging: none)"),
 ], ids=["no-docker", "daemon-down", "no-gpu", "no-interface", "ip-not-on-interface",
         "nat-identity", "image-missing", "pull-always-fails", "pull-missing-fails", "no-vllm",
-        "no-ray"])
+        "no-ray", "no-rsync"])
 def test_each_check_fails_with_its_own_message(tmp_path: Path, mode: str,
                                                top: dict[str, object], message: str) -> None:
     proc, calls = preflight(tmp_path, mode, **top)

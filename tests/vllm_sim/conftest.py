@@ -1,11 +1,7 @@
 import pytest
 from vsim_harness import HEAD_IP, WORKER_IP, start_cluster
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "slow: starts real Ray nodes and vllm-sim servers on loopback (seconds each)"
-    )
+# the `slow` marker is declared in pyproject.toml ([tool.pytest.ini_options]), with the others
 
 
 @pytest.fixture(scope="module")

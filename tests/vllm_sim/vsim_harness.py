@@ -31,7 +31,7 @@ NODE_START_TIMEOUT_S = 60.0
 HEAD_IP, WORKER_IP = "127.0.0.2", "127.0.0.3"  # the `cluster` fixture (conftest.py)
 SERVER_READY_TIMEOUT_S = 60.0
 # The simulator plays vLLM 0.33.0 (V2 mode) unless told otherwise; tests of the legacy executor
-# (the seed image's vLLM) pass this in the server's env.
+# (the outage image's vLLM) pass this in the server's env.
 LEGACY = {"VLLM_SIM_VLLM_VERSION": "0.17.1"}
 V2 = {"VLLM_SIM_VLLM_VERSION": "0.33.0"}
 
@@ -48,14 +48,38 @@ def can_unshare_mount() -> bool:
 
 
 # Run inside `unshare -Urm`: /tmp becomes the node's own directory (as a container's /tmp is its
-# own), except Ray's temp dir, bound back in at the same path (the lab shares /tmp/ray the same
-# way). /dev/shm stays shared (the lab's --ipc host).
+# own), except the paths before `--`, each bound back in at the same path: Ray's temp dir (the
+# lab shares /tmp/ray the same way) and, where the clone lives under /tmp, the interpreter, the
+# venv and the code it imports (a container has its own image). /dev/shm stays shared (the
+# lab's --ipc host).
 _PRIVATE_TMP = (
-    'set -e; priv="$1"; raytmp="$2"; shift 2; '
-    'mkdir -p "$priv/$(basename "$raytmp")"; '
-    'mount --bind "$raytmp" "$priv/$(basename "$raytmp")"; '
-    'mount --rbind "$priv" /tmp; exec "$@"'
+    'set -e; priv="$1"; shift; '
+    'while [ "$1" != -- ]; do '
+    'mkdir -p "$priv/${1#/tmp/}"; mount --bind "$1" "$priv/${1#/tmp/}"; shift; done; '
+    'shift; mount --rbind "$priv" /tmp; exec "$@"'
 )
+
+
+def _kept_under_tmp(*paths: str) -> list[str]:
+    """The paths a node with a private /tmp must still see at the same place: `paths`, and the
+    Python that runs `ray` and its workers (the venv, sys.path: site-packages, editable
+    installs, this checkout), where they lie under /tmp. Outermost only, and never /tmp itself
+    (that would share the very directory the node must not see)."""
+    tmp = Path("/tmp")
+    found: set[Path] = set()
+    candidates = [*paths, sys.executable, str(BIN), sys.prefix, sys.exec_prefix, sys.base_prefix,
+                  os.getcwd(), str(Path(__file__).parent), *sys.path]
+    for raw in candidates:
+        if not raw or not os.path.isabs(raw):
+            continue
+        path = Path(os.path.normpath(raw))
+        for p in {path, path.resolve()}:
+            if p.is_file():
+                p = p.parent
+            if p != tmp and p.is_relative_to(tmp) and p.is_dir():
+                found.add(p)
+    outermost = [p for p in found if not any(p != q and p.is_relative_to(q) for q in found)]
+    return sorted(str(p) for p in outermost)
 
 
 def exe(name: str) -> str:
@@ -164,7 +188,7 @@ class RayCluster:
         node_env.update(env or {})
         if private_tmp is not None:
             args = ["unshare", "-Urm", "sh", "-c", _PRIVATE_TMP, "sh", str(private_tmp),
-                    self.temp_dir, *args]
+                    *_kept_under_tmp(self.temp_dir), "--", *args]
         log = Path(self.temp_dir) / f"ray-start-{ip}.log"
         with open(log, "wb") as out:
             proc = subprocess.Popen(
