@@ -315,17 +315,34 @@ def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
             + f" < {PROBE_FILE}")
 
 
-# The serving check sends one short chat completion (vllm#53157: only a completion proves
-# vLLM serves). An error (5xx, refused, /health not 200) means not serving; no answer within
-# SMOKE_WAIT_S means busy or wedged, and counts as running: a refresh must never reload 120 GB
-# of weights because a queue was long. `spark-vllm status` reports a server that
-# does not answer.
-SMOKE_WAIT_S = 5
-SERVING_TIMEOUT_S = 30  # the whole check, docker exec included
+# The refresh-time read of vLLM (scripts/vllm_liveness.py, on stdin): /health, then a canary of
+# one streamed token; no first token within canaryTimeout while vLLM's token counter stands
+# still for wedgeWindow is *wedged* (replaced by `pulumi up --refresh`); the counter moving
+# is *busy* and counts as running: a refresh must never reload 120 GB of weights because a
+# queue was long. Only a completion proves vLLM serves (vllm#53157).
+LIVENESS_MARGIN_S = 15  # docker exec and the script's own start, over the window
+
+
+def liveness_target(spec: ClusterSpec) -> list[str]:
+    """HOST PORT SERVED_NAME CANARY_S WINDOW_S of vllm_liveness.py."""
+    return [*probe_target(spec), str(spec.canary_timeout), str(spec.wedge_window)]
+
+
+def liveness_args(serving: list[str]) -> list[str]:
+    """`serving` as the liveness read needs it: a state written before the canary existed
+    holds HOST PORT NAME only, and gets the default bounds."""
+    return [*serving[:3], *(serving[3:5] or ["30", "60"])]
+
+
+def liveness_timeout(serving: list[str]) -> float:
+    """The whole read, docker exec included: the window and a margin."""
+    return float(liveness_args(serving)[4]) + LIVENESS_MARGIN_S
 
 
 def inspect_script(container: str, serving: list[str] | None) -> str:
-    """Prints the container's state in one line; exit 3 when docker itself does not answer."""
+    """Prints the container's state in one line; exit 3 when docker itself does not answer.
+    With `serving` (liveness_target), a running vLLM container is asked how it serves, and
+    what it saw goes to stderr."""
     q = shlex.quote(container)
     lines = [
         "PATH=\"$PATH:/usr/sbin:/sbin\"",
@@ -337,16 +354,17 @@ def inspect_script(container: str, serving: list[str] | None) -> str:
         'if [ "$1" != running ]; then echo "$1 ($2)"; exit 0; fi',
     ]
     if serving:
-        # the readiness probe (scripts/vllm_probe.py) on stdin, run inside the container, with
-        # the container's own API key; /health alone can answer while generation is dead
-        probe = shlex.join(["python3", "-", *serving, "ready", "0", "smoke", str(SMOKE_WAIT_S)])
+        # scripts/vllm_liveness.py on stdin, run inside the container with its own API key
+        check = shlex.join(["python3", "-", *liveness_args(serving)])
+        limit = int(liveness_timeout(serving))
         lines += [
-            f"if why=$(timeout {SERVING_TIMEOUT_S} docker exec -i {q} {probe} 2>&1 >/dev/null); "
-            "then echo running; else",
-            '  rc=$?',
-            '  if [ "$rc" -eq 3 ] || [ "$rc" -eq 124 ]; then echo running; else',
-            '    echo "running, not serving: $(echo "$why" | tail -n 1)"',
-            "  fi",
+            f"if state=$(timeout {limit} docker exec -i {q} {check}); then",
+            '  echo "$state" | tail -n 1',
+            "else",
+            # the check could not tell (docker exec hung, or the script failed): not a reason
+            # to replace a model that may be loading or busy
+            f'  echo "unknown: the liveness check ended with $? within {limit} s" >&2',
+            "  echo running",
             "fi",
         ]
     else:

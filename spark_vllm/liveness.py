@@ -26,7 +26,7 @@ import pulumi
 from pulumi import dynamic
 
 from . import ssh
-from .commands import SERVING_TIMEOUT_S, inspect_script, script_text
+from .commands import inspect_script, liveness_timeout, script_text
 
 RUNNING = "running"
 COMPLETE = "complete"  # a staged model: every file of its manifest there, at its size
@@ -48,8 +48,9 @@ def observe(props: dict[str, Any]) -> str:
         return observe_model(props)
     serving = props.get("serving") or None
     proc = ssh.run(_target(props), inspect_script(props["container"], serving),
-                   stdin=script_text("vllm_probe.py") if serving else "",
-                   timeout=SERVING_TIMEOUT_S + 2 * ssh.CONNECT_TIMEOUT_S)
+                   stdin=script_text("vllm_liveness.py") if serving else "",
+                   timeout=(liveness_timeout(serving) if serving else 30)
+                   + 2 * ssh.CONNECT_TIMEOUT_S)
     if proc.returncode != 0:
         raise RuntimeError(f"{props['node']}: cannot inspect {props['container']}: "
                            f"{proc.stderr.strip() or f'exit {proc.returncode}'}")

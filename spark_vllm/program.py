@@ -14,7 +14,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import resource as sdk_resource
 
-from . import commands, hostkeys, secret_check
+from . import commands, hostkeys, node_memory, secret_check
 from .image_check import ImageCheck
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
@@ -145,6 +145,10 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         # per node: docker version, image id, Ray and Python versions in the image
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
         "rayNodes": cluster.node_table,
+        # how `spark-vllm status` reads vLLM (the refresh's liveness check) and what vLLM
+        # needs free to start (its memory check before a repair)
+        "serving": {"check": commands.liveness_target(spec),
+                    "gpuMemoryUtilization": node_memory.utilization(spec.vllm_args)},
         # what the nodes hold: the model's commit, files, bytes and manifest digest
         "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
         # how to reach each node and what runs there: `spark-vllm status` reads it

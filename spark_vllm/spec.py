@@ -150,6 +150,12 @@ class _Settings(_Strict):
     ray_timeout: int = Field(DEFAULT_RAY_TIMEOUT_S, ge=5, le=3600)  # head start, worker join, gate
     vllm_timeout: int = Field(1800, ge=10, le=86400)  # model load of 122B FP8 takes minutes
     smoke_test: bool = True
+    # liveness (refresh, status): the canary's bound for its first token, and how long vLLM's
+    # token counter must stand still with the canary unanswered to call it wedged. A 122B
+    # model's one-token canary answers in well under a second on an idle Spark; a queue can
+    # hold it for long, and then the counter moves (busy, left alone).
+    canary_timeout: int = Field(30, ge=1, le=600)
+    wedge_window: int = Field(60, ge=2, le=1800)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -286,6 +292,10 @@ def _cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
 
 def _settings_problems(s: _Settings) -> list[str]:
     out = []
+    if s.wedge_window < s.canary_timeout:
+        out.append(f"wedgeWindow: {s.wedge_window} s is shorter than canaryTimeout "
+                   f"({s.canary_timeout} s); the counter is watched for at least the canary's "
+                   "wait")
     if s.port == s.ray_port:
         out.append(f"port: {s.port} is also rayPort; the API server and Ray's GCS need their own")
     for key in s.env:

@@ -2,15 +2,22 @@
 
 Reads what Pulumi knows (the stack's outputs: nodes, container ids, endpoint; its config: the
 same SSH key and API key the program uses) and asks the nodes what is true now: each
-container's state, Ray's own node table, vLLM's /health and one real chat completion (its
-HTTP server can answer while generation is dead: vllm#53157). Prints one line per container
-and a verdict; exits 0 when serving, 1 when not, 2 when it cannot tell (no stack, no outputs).
+container's state, Ray's own node table, and vLLM itself, with the same check as `pulumi
+refresh` (scripts/vllm_liveness.py, in the vLLM container): /health, then a canary of one
+streamed token and vLLM's token counter. vLLM is then *serving* (the canary's token came),
+*busy* (no token yet, but vLLM generates: a long queue, left alone), *wedged* (no token and
+the counter stood still: replaced by a repair), *not serving* (an error), or *dead* (its
+container exited, with any code: a dead rank makes vLLM exit 0). Prints one line per
+container and a verdict; exits 0 when serving, 1 when not, 2 when it cannot tell.
 
 `--watch` repairs: every `--interval` s, when the verdict is not serving, it runs
-`pulumi up --refresh` (only the dead containers and what depends on them are replaced),
-waiting twice as long after each failed repair (up to `--max-backoff`) and giving up, exit 1,
-after `--max-repairs` failed repairs in a row, so a node that is gone for good is not retried
-forever. Run it under systemd (README, "Day 2").
+`pulumi up --refresh` (only what died or wedged and what depends on it is replaced). Before
+each repair it stops a wedged vLLM and reads every node's free GPU memory: a node whose memory
+did not come back after the old vLLM stopped is refused, with its numbers (a restart there
+fails, or leaks more). After `--max-repairs` repairs within `--repair-window` s it stops and
+says the node may need a reboot: repeated vLLM restarts leaked unified memory on a DGX Spark
+until it needed a physical reset (eugr/spark-vllm-docker#257, ~35 automatic restarts). Run it
+under systemd (docs/operations.md).
 
 Needs what `pulumi` needs: the CLI on PATH, the backend and passphrase in the environment.
 """
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import commands, errors, ssh
+from . import commands, errors, node_memory, ssh
 from .secret_check import NAMESPACE
 
 
@@ -78,28 +85,42 @@ class Report:
     containers: list[ContainerView] = field(default_factory=list)
     ray: dict[str, str] = field(default_factory=dict)  # node -> "alive, 1 GPU" / why not
     ray_ok: bool = False
-    vllm: str = ""
-    vllm_ok: bool = False
+    vllm: str = ""  # what the liveness check saw
+    vllm_state: str = "unknown"  # serving | busy | wedged | not serving | dead | unknown
+    endpoint_check: str = ""  # /health from this machine
+    endpoint_ok: bool = False
     unreachable: dict[str, str] = field(default_factory=dict)
 
     @property
-    def serving(self) -> bool:
+    def vllm_ok(self) -> bool:
+        return self.vllm_state in ("serving", "busy")
+
+    @property
+    def nodes_ok(self) -> bool:
+        """Everything on the nodes is as it should be (what a repair could change)."""
         return (not self.unreachable and self.ray_ok and self.vllm_ok
                 and all(c.ok for c in self.containers))
+
+    @property
+    def serving(self) -> bool:
+        return self.nodes_ok and self.endpoint_ok
 
     def problems(self) -> list[str]:
         out = [f"{n}: unreachable ({why})" for n, why in self.unreachable.items()]
         out += [f"{c.node} {c.role}: {c.describe()}" for c in self.containers if not c.ok]
         out += [f"{n}: Ray: {v}" for n, v in self.ray.items() if not v.startswith("alive")]
         if not self.vllm_ok:
-            out.append(f"vLLM: {self.vllm}")
+            out.append(f"vLLM {self.vllm_state}: {self.vllm}")
+        if not self.endpoint_ok:
+            out.append(f"endpoint from here: {self.endpoint_check}")
         return out
 
     def to_json(self) -> dict[str, Any]:
         return {"stack": self.stack, "serving": self.serving, "endpoint": self.endpoint,
                 "containers": [{"node": c.node, "role": c.role, "name": c.name,
                                 "state": c.describe(), "ok": c.ok} for c in self.containers],
-                "ray": self.ray, "vllm": self.vllm, "unreachable": self.unreachable,
+                "ray": self.ray, "vllm": {"state": self.vllm_state, "seen": self.vllm},
+                "endpointCheck": self.endpoint_check, "unreachable": self.unreachable,
                 "problems": self.problems()}
 
     def text(self) -> str:
@@ -110,7 +131,8 @@ class Report:
             lines.append(f"{c.node:<12}{c.role:<12}{c.describe():<40}{ray}")
         for node, why in self.unreachable.items():
             lines.append(f"{node:<12}{'-':<12}{'UNREACHABLE: ' + why}")
-        lines.append(f"vLLM: {self.vllm}")
+        lines.append(f"vLLM: {self.vllm_state}: {self.vllm}")
+        lines.append(f"endpoint from here: {self.endpoint_check}")
         if self.serving:
             lines.append("verdict: SERVING")
         else:
@@ -152,8 +174,7 @@ def config_secret(stack: Any, key: str) -> str | None:
 
 def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
                head: bool) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None]:
-    target = ssh.Target(node=node["name"], host=node["host"], port=int(node["port"]),
-                        user=node["user"], private_key=key, host_key=node.get("hostKey") or None)
+    target = _target(node, key)
     roles = node["containers"]
     script = "\n".join(
         f"{_INSPECT}{shlex.quote(name)} 2>/dev/null || echo '/{name}||gone||'"
@@ -184,26 +205,65 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
     return views, None, ray
 
 
-def _ask_vllm(endpoint: str, model: str, api_key: str | None) -> tuple[bool, str]:
-    headers = {"Content-Type": "application/json"}
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
+def _ask_endpoint(endpoint: str) -> tuple[bool, str]:
+    """/health through the endpoint, from this machine (what a client reaches)."""
     base = endpoint.removesuffix("/v1")
     try:
         with urllib.request.urlopen(base + "/health", timeout=5) as resp:
-            health = resp.status
-        body = json.dumps({"model": model, "max_tokens": 8,
-                           "messages": [{"role": "user", "content": "spark-vllm status"}]})
-        req = urllib.request.Request(endpoint + "/chat/completions", data=body.encode(),
-                                     headers=headers)
-        t0 = time.monotonic()
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            json.load(resp)["choices"][0]["message"]["content"]
-        return True, f"/health {health}, a chat completion answered in {time.monotonic() - t0:.1f} s"
+            return resp.status == 200, f"{base}/health answered {resp.status}"
     except urllib.error.HTTPError as err:
-        return False, f"{err.url} answered {err.code}"
-    except (OSError, ValueError, KeyError) as err:
-        return False, f"{base}: {getattr(err, 'reason', err)}"
+        return False, f"{base}/health answered {err.code}"
+    except OSError as err:
+        return False, f"{base}/health: {getattr(err, 'reason', err)}"
+
+
+def classify(line: str, seen: list[str]) -> tuple[str, str]:
+    """(state, what was seen) from the liveness read's state line and its stderr."""
+    detail = "; ".join(seen)
+    if line == "running":
+        if any(s.startswith("busy:") for s in seen):
+            return "busy", detail
+        return "serving", detail or "running"
+    if line.startswith("wedged"):
+        return "wedged", line
+    if line.startswith("running, not serving"):
+        return "not serving", line.removeprefix("running, not serving: ")
+    # exited (any code: a rank that died makes vLLM exit 0), dead, gone, created …
+    return "dead", f"its container is {line or 'gone'}"
+
+
+def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, str]:
+    """vLLM's liveness, read on the head as `pulumi refresh` reads it."""
+    target = _target(node, key)
+    name = node["containers"][commands.VLLM]
+    try:
+        proc = ssh.run(target, commands.inspect_script(name, check),
+                       stdin=commands.script_text("vllm_liveness.py"),
+                       timeout=commands.liveness_timeout(check) + 2 * ssh.CONNECT_TIMEOUT_S)
+    except ssh.NodeUnreachableError as err:
+        return "unknown", str(err)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        err = proc.stderr.strip().splitlines()
+        return "unknown", err[-1] if err else f"the check ended with exit {proc.returncode}"
+    seen = [ln for ln in proc.stderr.splitlines()
+            if ln.startswith(("serving:", "busy:", "unknown:"))]
+    return classify(lines[-1], seen)
+
+
+def _target(node: dict[str, Any], key: str) -> ssh.Target:
+    return ssh.Target(node=node["name"], host=node["host"], port=int(node["port"]),
+                      user=node["user"], private_key=key, host_key=node.get("hostKey") or None)
+
+
+def liveness_check(outputs: dict[str, Any]) -> list[str]:
+    """The liveness read's argv (HOST PORT NAME CANARY_S WINDOW_S) from the `serving` output;
+    a stack deployed before it existed gets the defaults for its endpoint and model."""
+    serving = outputs.get("serving") or {}
+    if serving.get("check"):
+        return [str(v) for v in serving["check"]]
+    port = outputs["endpoint"].rsplit(":", 1)[-1].split("/", 1)[0]
+    return commands.liveness_args(["127.0.0.1", port, outputs["servedModelName"]])
 
 
 def collect(stack: Any) -> Report:
@@ -220,15 +280,17 @@ def collect(stack: Any) -> Report:
         raise errors.from_pulumi(err, f"reading the outputs of stack {stack.name}") from None
     if "nodes" not in outputs:
         raise LookupError(f"stack {stack.name} has no `nodes` output: run `pulumi up` first")
-    api_key = config_secret(stack, "apiKey")
     nodes = outputs["nodes"]
     expected = outputs.get("containerIds") or {}
     report = Report(stack.name, outputs["endpoint"], outputs["servedModelName"])
-    with ThreadPoolExecutor(max_workers=len(nodes) + 1) as pool:
-        vllm = pool.submit(_ask_vllm, report.endpoint, report.model, api_key)
+    check = liveness_check(outputs)
+    with ThreadPoolExecutor(max_workers=len(nodes) + 2) as pool:
+        vllm = pool.submit(_ask_vllm, nodes[0], key, check)
+        endpoint = pool.submit(_ask_endpoint, report.endpoint)
         views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0),
                               range(len(nodes))))
-        report.vllm_ok, report.vllm = vllm.result()
+        report.vllm_state, report.vllm = vllm.result()
+        report.endpoint_ok, report.endpoint_check = endpoint.result()
     ray_table = None
     for node, (containers, unreachable, ray) in zip(nodes, views, strict=True):
         report.containers += containers
@@ -261,27 +323,98 @@ def _repair(stack: Any) -> bool:
     return True
 
 
-def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float) -> int:
+MEMORY_WAIT_S = 30  # how long the memory of a stopped vLLM may take to come back
+
+
+def stop_vllm(stack: Any, report: Report) -> None:
+    """A wedged (or otherwise failing) vLLM that still runs holds its memory: stop it, so that
+    the memory check sees what a new vLLM would get. The repair replaces it either way (its
+    liveness reads "exited"). A container that no longer runs is left as it is."""
+    outputs = {k: v.value for k, v in stack.outputs().items()}
+    head = outputs["nodes"][0]
+    key = config_secret(stack, "sshPrivateKey") or ""
+    name = head["containers"][commands.VLLM]
+    vllm = [c for c in report.containers if c.role == commands.VLLM]
+    if vllm and vllm[0].state == "running":
+        print(f"[status] stopping {name} on {head['name']} ({report.vllm_state}) before the "
+              "repair, so that its memory is seen coming back", flush=True)
+        ssh.run(_target(head, key), f"docker stop -t 30 {shlex.quote(name)} >/dev/null",
+                timeout=60 + 2 * ssh.CONNECT_TIMEOUT_S)
+
+
+def memory_problems(stack: Any, wait_s: float = MEMORY_WAIT_S) -> list[str]:
+    """Every node whose free GPU memory stays below what vLLM needs to start, after waiting
+    up to `wait_s` for it to come back; [] when all have it (or cannot say: no nvidia-smi)."""
+    outputs = {k: v.value for k, v in stack.outputs().items()}
+    key = config_secret(stack, "sshPrivateKey") or ""
+    util = float((outputs.get("serving") or {}).get("gpuMemoryUtilization")
+                 or node_memory.DEFAULT_UTILIZATION)
+    deadline = time.monotonic() + wait_s
+    while True:
+        short = []
+        for node in outputs["nodes"]:
+            try:
+                proc = ssh.run(_target(node, key), node_memory.SCRIPT, timeout=30)
+            except ssh.NodeUnreachableError as err:
+                short.append(f"{node['name']}: memory unknown ({err})")
+                continue
+            gpus = node_memory.parse(proc.stdout)
+            if gpus is not None and (why := node_memory.shortfall(node["name"], gpus, util)):
+                short.append(why)
+        if not short or time.monotonic() >= deadline:
+            return short
+        time.sleep(2.0)
+
+
+def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float,
+          repair_window: float = 3600, memory_wait_s: float = MEMORY_WAIT_S) -> int:
+    repairs: list[float] = []  # when each repair started (monotonic)
     failures = 0
     while True:
         report = collect(stack)
         stamp = time.strftime("%F %T")
         if report.serving:
-            print(f"[status] {stamp} serving", flush=True)
+            detail = " (busy: " + report.vllm + ")" if report.vllm_state == "busy" else ""
+            print(f"[status] {stamp} serving{detail}", flush=True)
             failures, wait = 0, interval
+        elif report.nodes_ok:
+            # the nodes are fine; only this machine cannot reach the endpoint: not a repair
+            print(f"[status] {stamp} the nodes serve, but {report.endpoint_check}; "
+                  "not repairing (check the network between here and the head)", flush=True)
+            wait = interval
         else:
             print(f"[status] {stamp} NOT SERVING: {'; '.join(report.problems())}", flush=True)
+            now = time.monotonic()
+            repairs = [t for t in repairs if now - t < repair_window]
+            if len(repairs) >= max_repairs:
+                print(f"[status] stopping: {len(repairs)} repairs in the last "
+                      f"{repair_window / 60:.0f} min and still not serving. A node may need a "
+                      "reboot: vLLM restarted again and again can leak unified memory until "
+                      "only a reset frees it (eugr/spark-vllm-docker#257: ~35 automatic "
+                      "restarts left a DGX Spark needing a physical reset). Check each node's "
+                      "free memory (nvidia-smi, /proc/meminfo), reboot the one that lost it, "
+                      f"then run `pulumi up --refresh --stack {stack.name}`.", flush=True)
+                return 1
+            stop_vllm(stack, report)
+            short = memory_problems(stack, memory_wait_s)
+            if short:
+                print("[status] refusing to restart vLLM: the memory did not come back after "
+                      f"the old vLLM stopped (waited {memory_wait_s:.0f} s):", flush=True)
+                for line in short:
+                    print(f"    {line}", flush=True)
+                print("[status] a restart there would fail, or leak more; reboot that node, "
+                      f"then run `pulumi up --refresh --stack {stack.name}`", flush=True)
+                return 1
+            repairs.append(time.monotonic())
             if _repair(stack) and collect(stack).serving:
-                print("[status] repaired: serving again", flush=True)
+                print(f"[status] repaired: serving again ({len(repairs)} repair(s) in the "
+                      f"last {repair_window / 60:.0f} min)", flush=True)
                 failures, wait = 0, interval
             else:
                 failures += 1
-                if failures >= max_repairs:
-                    print(f"[status] giving up after {failures} failed repairs in a row",
-                          flush=True)
-                    return 1
                 wait = min(interval * 2 ** failures, max_backoff)
-                print(f"[status] next try in {wait:.0f} s ({failures}/{max_repairs})", flush=True)
+                print(f"[status] next try in {wait:.0f} s ({len(repairs)}/{max_repairs} repairs "
+                      f"in the window)", flush=True)
         time.sleep(wait)
 
 
@@ -293,13 +426,18 @@ def main(argv: list[str] | None = None, prog: str = "python -m spark_vllm.status
     ap.add_argument("--watch", action="store_true", help="repair with `pulumi up --refresh`")
     ap.add_argument("--interval", type=float, default=60, help="seconds between checks (60)")
     ap.add_argument("--max-repairs", type=int, default=3,
-                    help="failed repairs in a row before giving up (3)")
+                    help="repairs within --repair-window before it stops (3)")
+    ap.add_argument("--repair-window", type=float, default=3600,
+                    help="seconds over which repairs are counted (3600)")
+    ap.add_argument("--memory-wait", type=float, default=MEMORY_WAIT_S,
+                    help="seconds a stopped vLLM's memory may take to come back (30)")
     ap.add_argument("--max-backoff", type=float, default=900, help="longest wait, s (900)")
     args = ap.parse_args(argv)
     try:
         stack = select_stack(args.stack)
         if args.watch:
-            return watch(stack, args.interval, args.max_repairs, args.max_backoff)
+            return watch(stack, args.interval, args.max_repairs, args.max_backoff,
+                         args.repair_window, args.memory_wait)
         report = collect(stack)
     except LookupError as err:
         print(f"status: {err}", file=sys.stderr)

@@ -52,8 +52,9 @@ class VllmService(pulumi.ComponentResource):
                    **{f"rayWorker@{n.name}": w.stdout
                       for n, w in zip(spec.workers, cluster.workers, strict=True)}},
             depends_on=[cluster.gate],
-            # refresh asks the server itself, as a client would (vllm#53157)
-            serving=commands.probe_target(spec),
+            # refresh asks the server itself, as a client would (vllm#53157): serving, busy
+            # or wedged (commands.liveness_target)
+            serving=commands.liveness_target(spec),
         )
         self.container_id = self.serve.stdout.apply(lambda s: s.strip())
         self.endpoint = pulumi.Output.from_input(f"http://{spec.head.host}:{spec.port}/v1")

@@ -158,7 +158,11 @@ class Tier:
         raw = {"nodes": nodes, "image": IMAGE, "model": model, "tensorParallelSize": tp,
                "hfCache": self.hf, "modelStaging": "copy", "port": self.port,
                "env": {"VLLM_CACHE_ROOT": self.vllm_cache, **(env or {})},
-               "vllmArgs": list(vllm_args), "vllmTimeout": vllm_timeout, "rayTimeout": 120}
+               "vllmArgs": list(vllm_args), "vllmTimeout": vllm_timeout, "rayTimeout": 120,
+               "rayPort": 6391,  # not Ray's default: a CPU run beside other Ray tests
+               # the liveness bounds, shorter than a Spark's defaults (30/60) to save device
+               # time: the rules are the same, the bounds are recorded with them
+               "canaryTimeout": 10, "wedgeWindow": 20}
         return specmod.parse_spec(raw, stack, SECRETS)
 
     def head_up(self, spec: specmod.ClusterSpec) -> dict:
@@ -180,10 +184,13 @@ class Tier:
                        commands.vllm_stdin(HF_TOKEN, API_KEY), extra_env=extra_env)
 
     def liveness(self, spec: specmod.ClusterSpec) -> dict:
+        """The refresh-time read, as liveness.observe runs it: its state line, and what it saw
+        (the script's stderr: serving / busy / unknown)."""
         r = self.sh(commands.inspect_script(commands.container_name(spec, commands.VLLM),
-                                            commands.probe_target(spec)),
-                    commands.script_text("vllm_probe.py"))
+                                            commands.liveness_target(spec)),
+                    commands.script_text("vllm_liveness.py"))
         r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
+        r["seen"] = [ln for ln in r["stderr"] if ln.startswith(("serving:", "busy:", "unknown:"))]
         return r
 
     def probe(self, spec: specmod.ClusterSpec, *mode: str) -> dict:
@@ -359,9 +366,10 @@ class Tier:
         }
 
     def serve_part(self) -> None:
+        # --max-num-seqs 16: a flood of 64 at once queues, so the canary waits while tokens flow
         s = self.spec(vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.5",
                                  "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
-                                 "--tool-call-parser", "hermes"))
+                                 "--tool-call-parser", "hermes", "--max-num-seqs", "16"))
         served = s.served_name
         Path("/root/obs/envprobe").mkdir(parents=True, exist_ok=True)
         self.record("parser", lambda: self.parser_cases(s))  # CPU only, in the background
@@ -386,7 +394,7 @@ class Tier:
             served, {"chat_template_kwargs": {"enable_thinking": False}}))
         self.record("tool_call", lambda: self.tool_calls(served))
         self.record("metric_names", self.metric_names)
-        self.record("busy_queue", lambda: self.busy(served))
+        self.record("busy_queue", lambda: self.busy(s, served))
         self.record("frozen_idle", lambda: self.frozen(s, served, load=0, seconds=40))
         self.record("frozen_loaded", lambda: self.frozen(s, served, load=16, seconds=25))
         self.record("rank_killed", lambda: self.kill_rank(s))
@@ -534,8 +542,9 @@ class Tier:
         auto = self.chat(served, {"tools": [tool], "tool_choice": "auto"}, max_tokens=16)
         return {"named": named, "auto": auto}
 
-    def busy(self, served: str) -> dict:
-        """A long queue: many long requests at once; metrics and a canary meanwhile."""
+    def busy(self, s: specmod.ClusterSpec, served: str) -> dict:
+        """A long queue: many long requests at once; metrics, a canary and the liveness read
+        meanwhile."""
         body = {"model": served, "max_tokens": 1500, "ignore_eos": True,
                 "messages": [{"role": "user", "content": "go on"}]}
         samples: list[dict] = []
@@ -544,12 +553,18 @@ class Tier:
                     for _ in range(300)]
             start = now()
             time.sleep(1.0)
+            side = ThreadPoolExecutor(1)  # not behind the 300 queued requests
+            live = side.submit(self.liveness, s)
             canary = self.canary(served, 30)
             while not all(f.done() for f in futs) and now() - start < 60:
                 samples.append({"t": round(now() - start, 2), **self.metrics()})
                 time.sleep(1.0)
             done = sum(1 for f in futs if f.done() and f.result().get("status") == 200)
+            live_r = live.result()
+            side.shutdown()
         return {"requests": 300, "max_tokens": 1500, "answered": done, "canary": canary,
+                "liveness_while_busy": {"state": live_r.get("state"), "seen": live_r.get("seen"),
+                                        "seconds": live_r.get("seconds")},
                 "samples": samples[:60], "seconds": round(now() - start, 2)}
 
     def frozen(self, s: specmod.ClusterSpec, served: str, load: int, seconds: int,
@@ -582,7 +597,7 @@ class Tier:
             answered = sum(1 for f in loads if f.result().get("status") == 200)
         return {"load_answered": answered, "rank_pid": pid, "load": load, "frozen_s": seconds, "before": before,
                 "samples": samples, "canary_while_frozen": canary_r,
-                "liveness_while_frozen": {"state": live_r.get("state"),
+                "liveness_while_frozen": {"state": live_r.get("state"), "seen": live_r.get("seen"),
                                           "seconds": live_r.get("seconds")},
                 "canary_after_sigcont": after, "recovered_in_s": round(now() - resumed, 2)}
 

@@ -274,8 +274,9 @@ def test_every_container_and_only_containers_have_a_liveness_companion(n: int) -
         node = "node-1" if role != c.WORKER else name.removeprefix("ray-worker-")
         assert live.plain("node") == node
         assert SECRET_SIG in json.dumps(live.inputs["privateKey"])  # the key stays a secret
-        # only vLLM is asked to serve, as a client would: the probe's HOST PORT NAME
-        assert live.plain("serving") == (["127.0.0.1", "8000", "org/model"]
+        # only vLLM is asked to serve, as a client would: HOST PORT NAME, then the canary's
+        # bound and the wedge window (defaults)
+        assert live.plain("serving") == (["127.0.0.1", "8000", "org/model", "30", "60"]
                                          if role == c.VLLM else [])
     assert "ray-gate-liveness" not in g
 
