@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|model|info` (stdlib + PyYAML)."""
+"""`python -m lab up|down|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|wedge|gpu-memory|model|info` (stdlib + PyYAML)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from lab import cluster, config, keys, model
+from lab import cluster, config, faults, keys, model
 from lab.run import LabError
 
 
@@ -57,6 +57,22 @@ def _parser() -> argparse.ArgumentParser:
         b.add_argument("node_a")
         b.add_argument("node_b")
 
+    wd = sub.add_parser("wedge", help="freeze (SIGSTOP) the vLLM rank process(es) in a node's "
+                        "Ray container: /health stays 200, no token comes; --thaw: SIGCONT")
+    wd.add_argument("node", help="node-<i>, <i>, or one of its addresses")
+    wd.add_argument("--thaw", action="store_true", help="SIGCONT instead: the ranks run again")
+    wd.add_argument("--stack", default=config.DEFAULT_STACK,
+                    help="the stack whose spark-vllm-<stack>-ray-head/-worker container holds "
+                         "the ranks (default %(default)s)")
+
+    gm = sub.add_parser("gpu-memory", help="install (or --clear) a fake nvidia-smi on a node that "
+                        "reports this GPU memory (the lab has no GPU)")
+    gm.add_argument("node", help="node-<i>, <i>, or one of its addresses")
+    gm.add_argument("--total-gib", type=float, default=None, help="memory.total, GiB")
+    gm.add_argument("--free-gib", type=float, default=None, help="memory.free, GiB")
+    gm.add_argument("--clear", action="store_true",
+                    help=f"remove the fake {faults.NVIDIA_SMI} and its values file")
+
     mdl = sub.add_parser("model", help="generate a fake model (not real weights) in a node's HF cache")
     mdl.add_argument("--node", default=config.node_name(1), help="default %(default)s")
     mdl.add_argument("--repo", default=config.LAB_MODEL, help="default %(default)s")
@@ -73,7 +89,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.cmd == "gpu-memory":
+        problem = faults.check_gpu_memory_args(args.total_gib, args.free_gib, args.clear)
+        if problem:
+            ap.error(f"gpu-memory: {problem}")
     try:
         return _dispatch(args)
     except LabError as e:
@@ -119,6 +140,27 @@ def _dispatch(args: argparse.Namespace) -> int:
     elif args.cmd == "unblock-fabric":
         cluster.unblock_fabric(args.node_a, args.node_b)
         print(f"fabric restored between {args.node_a} and {args.node_b}")
+    elif args.cmd == "wedge":
+        node = cluster.find_node(args.node)
+        ranks = faults.wedge(node, args.stack, thaw=args.thaw)
+        for r in ranks:
+            print(f"{node.name} {r.container}: {r.signal} pid {r.pid}: {r.cmdline}")
+        if args.thaw:
+            print(f"{node.name}: {len(ranks)} rank process(es) running again")
+        else:
+            print(f"{node.name}: {len(ranks)} rank process(es) frozen; thaw with "
+                  f"`python -m lab wedge {node.name} --thaw"
+                  f"{'' if args.stack == config.DEFAULT_STACK else ' --stack ' + args.stack}`")
+    elif args.cmd == "gpu-memory":
+        node = cluster.find_node(args.node)
+        if args.clear:
+            report = faults.clear_gpu_memory(node)
+            print(f"{node.name}: fake {faults.NVIDIA_SMI} removed ({report})")
+        else:
+            total, free = faults.to_mib(args.total_gib), faults.to_mib(args.free_gib)
+            report = faults.set_gpu_memory(node, total, free)
+            print(f"{node.name}: fake {faults.NVIDIA_SMI} reports {total} MiB total, {free} MiB "
+                  f"free (values in {faults.GPU_MEMORY_FILE}); {'; '.join(report.splitlines())}")
     elif args.cmd == "model":
         summary = model.ensure(cluster.find_node(args.node), repo=args.repo, size=args.size,
                                shards=args.shards, hf_home=args.hf_home, owner=args.owner)

@@ -190,7 +190,7 @@ class Tier:
                                             commands.liveness_target(spec)),
                     commands.script_text("vllm_liveness.py"))
         r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
-        r["seen"] = [ln for ln in r["stderr"] if ln.startswith(("serving:", "busy:", "unknown:"))]
+        r["seen"] = [ln[1] for ln in r["stderr"] if ln[1].startswith(("serving:", "busy:", "unknown:"))]
         return r
 
     def probe(self, spec: specmod.ClusterSpec, *mode: str) -> dict:

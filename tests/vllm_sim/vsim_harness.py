@@ -11,6 +11,7 @@ would take traffic off loopback; any other 127/8 address is kept as given.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,3 +290,78 @@ RANK_LINE = re.compile(r"rank (\d+) -> node (\S+) .*pid=(\d+)\)")
 
 def rank_lines(output: str) -> list[tuple[int, str, int]]:
     return [(int(r), ip, int(pid)) for r, ip, pid in RANK_LINE.findall(output)]
+
+
+# --- rank processes, streams and metrics (test_sim_wedge.py) ----------------------------------
+
+# A rank's OS process is a Ray actor; Ray titles it `ray::<actor class>` (its argv, so
+# /proc/PID/cmdline), `ray::<class>.<method>` while a method runs: vllm-sim's RayWorkerProc
+# (V2, the same class name as vLLM's own, vllm/v1/executor/ray_executor_v2.py) and RaySimWorker
+# (legacy). lab/faults.py finds the ranks in a lab node's Ray container by the same pattern.
+RANK_PROCESS = re.compile(r"^ray::(RayWorkerProc|RaySimWorker)\b")
+
+
+def rank_processes() -> dict[int, str]:
+    """pid -> title of every rank actor process this machine shows in /proc."""
+    found: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        title = raw.replace(b"\0", b" ").decode(errors="replace").strip()
+        if RANK_PROCESS.match(title):
+            found[int(entry.name)] = title
+    return found
+
+
+def read_metrics(url: str) -> dict[str, float]:
+    """The `vllm:` series of /metrics, summed over their label sets."""
+    text = requests.get(f"{url}/metrics", timeout=5).text
+    sums: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.match(r"^(vllm:[a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if m:
+            sums[m.group(1)] = sums.get(m.group(1), 0.0) + float(m.group(3))
+    return sums
+
+
+class StreamProbe:
+    """A streamed request read in a thread, each `data:` event kept with its arrival time
+    (seconds after the request was sent), as the program's liveness canary reads it."""
+
+    def __init__(self, url: str, path: str, body: dict, timeout_s: float = 120) -> None:
+        self.events: list[tuple[float, str]] = []
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self._req = urllib.request.Request(
+            f"{url}{path}", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"})
+        self._timeout_s = timeout_s
+        self.t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            with urllib.request.urlopen(self._req, timeout=self._timeout_s) as resp:
+                self.status = resp.status
+                for raw in resp:
+                    line = raw.decode(errors="replace").strip()
+                    if line.startswith("data: "):
+                        self.events.append((time.monotonic() - self.t0, line[6:]))
+        except BaseException as err:  # noqa: BLE001 - reported to the test
+            self.error = err
+
+    @property
+    def first_at(self) -> float | None:
+        return self.events[0][0] if self.events else None
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise AssertionError(f"the stream did not end in {timeout_s} s: {self.events}")
+        if self.error is not None:
+            raise AssertionError(f"the stream failed: {self.error!r}; events {self.events}")

@@ -23,7 +23,8 @@ import json
 import secrets
 import time
 import uuid
-from collections.abc import Callable
+from collections import deque
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,12 @@ from vllm_sim import simulated_version
 from vllm_sim.logger import init_logger
 
 logger = init_logger(__name__)
+
+
+# `--max-num-seqs` unset: vLLM's default for the OpenAI server, 256 (vllm/engine/arg_utils.py
+# EngineArgs.get_batch_defaults, UsageContext.OPENAI_API_SERVER; vLLM raises it to 1024 on a
+# GPU of >= 70 GiB that is not an A100, which the simulator has none of).
+DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclass
@@ -57,9 +64,12 @@ class ServerState:
     # --reasoning-parser: vLLM 0.26.0 returns content null and the text in `reasoning` while
     # the model has not closed its reasoning (tests/fixtures/real-vllm, scenario reasoning)
     reasoning_parser: str | None = None
+    # --max-num-seqs: at most this many requests run in a step, the rest wait (FIFO)
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
     # the gauges as the last finished engine step published them: a frozen step leaves them
     # stale (vLLM 0.26.0 read num_requests_running 0 while a request hung)
     published_running: int = 0
+    published_waiting: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
     running: int = 0
     success_total: int = 0
@@ -74,43 +84,87 @@ TOKENS_PER_STEP = 8
 STEP_S = 0.01
 
 
+@dataclass(eq=False)
+class _Request:
+    tokens_left: int
+    done: asyncio.Future[None]
+    # set when a step produced the request's first token (or the engine failed it)
+    first: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 class _Engine:
-    """The simulated engine core: requests wait for steps, a step runs on every rank."""
+    """The simulated engine core, vLLM V1's loop in miniature: new requests reach the
+    scheduler between steps (the engine core's input queue), which runs at most max_num_seqs
+    of them per step and keeps the rest waiting, first come first served (vllm/v1/core/sched/
+    scheduler.py: `running`, `waiting`). A step runs on every rank, so one frozen rank stops
+    it. The gauges are published when a step ends (SchedulerStats, made after the step's
+    outputs), so a step that never ends leaves them at their last value."""
 
     def __init__(self, state: ServerState) -> None:
         self.state = state
-        self.active: dict[int, list[Any]] = {}  # id -> [tokens left, future]
+        self.incoming: list[_Request] = []  # arrived since the scheduler last looked
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
         self.task: asyncio.Task[None] | None = None
-        self.next_id = 0
 
-    async def generate(self, tokens: int) -> None:
+    def submit(self, tokens: int) -> _Request:
         loop = asyncio.get_running_loop()
-        done = loop.create_future()
-        self.next_id += 1
-        self.active[self.next_id] = [max(tokens, 1), done]
+        req = _Request(max(tokens, 1), loop.create_future())
+        self.incoming.append(req)
         if self.task is None or self.task.done():
             self.task = loop.create_task(self._loop())
-        await done
+        return req
+
+    def abort(self, req: _Request) -> None:
+        """The client went away: the request leaves the engine (vLLM aborts it too)."""
+        for queue in (self.incoming, self.waiting, self.running):
+            if req in queue:
+                queue.remove(req)
+        if not req.done.done():
+            req.done.cancel()
+        req.first.set()
+
+    async def first_token(self, req: _Request) -> None:
+        """Returns once a step produced the request's first token; raises if the engine
+        failed it first."""
+        await req.first.wait()
+        if req.done.done() and not req.done.cancelled() and req.done.exception() is not None:
+            await req.done  # raises the engine's error
+
+    async def finished(self, req: _Request) -> None:
+        await req.done
+
+    def _fail_all(self, err: Exception) -> None:
+        for req in [*self.running, *self.waiting, *self.incoming]:
+            if not req.done.done():
+                req.done.set_exception(RuntimeError(f"engine step failed: {err}"))
+            req.first.set()
+        self.running.clear()
+        self.waiting.clear()
+        self.incoming.clear()
 
     async def _loop(self) -> None:
-        while self.active:
+        while self.incoming or self.waiting or self.running:
+            self.waiting.extend(self.incoming)
+            self.incoming.clear()
+            while self.waiting and len(self.running) < self.state.max_num_seqs:
+                self.running.append(self.waiting.popleft())
             try:
                 await asyncio.gather(asyncio.to_thread(self.state.step), asyncio.sleep(STEP_S))
-            except Exception as err:  # noqa: BLE001 - a dead rank: every running request fails
-                for _, fut in self.active.values():
-                    if not fut.done():
-                        fut.set_exception(RuntimeError(f"engine step failed: {err}"))
-                self.active.clear()
+            except Exception as err:  # noqa: BLE001 - a dead rank: every request fails
+                self._fail_all(err)
                 break
-            for rid, entry in list(self.active.items()):
-                n = min(entry[0], TOKENS_PER_STEP)
-                entry[0] -= n
+            for req in list(self.running):
+                n = min(req.tokens_left, TOKENS_PER_STEP)
+                req.tokens_left -= n
                 self.state.generation_tokens_total += n
-                if entry[0] <= 0:
-                    del self.active[rid]
-                    if not entry[1].done():
-                        entry[1].set_result(None)
-            self.state.published_running = len(self.active)
+                req.first.set()
+                if req.tokens_left <= 0:
+                    self.running.remove(req)
+                    if not req.done.done():
+                        req.done.set_result(None)
+            self.state.published_running = len(self.running)
+            self.state.published_waiting = len(self.waiting)
 
 
 def _error(message: str, err_type: str, code: int, param: str | None = None) -> JSONResponse:
@@ -232,29 +286,25 @@ def build_app(state: ServerState) -> FastAPI:
         if (bad := _check_model(body)) is not None:
             return bad
         if not await engine_alive():
-            return _error(
-                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "InternalServerError",
-                500,
-            )
+            return _engine_error()
         text = _answer(said)
         prompt_tokens = _count_tokens(prompt_text)
-        # ignore_eos (vLLM's extension): exactly max_tokens; else the canned text's length
-        completion_tokens = (int(body.get("max_tokens") or 16) if body.get("ignore_eos")
-                             else _count_tokens(text))
-        state.running += 1
-        try:
-            await engine.generate(completion_tokens)
-            state.success_total += 1
-            state.prompt_tokens_total += prompt_tokens
-        except RuntimeError:
-            return _error(
-                "EngineCore encountered an issue. See stack trace (above) for the root cause.",
-                "InternalServerError",
-                500,
-            )
-        finally:
-            state.running -= 1
+        limit = body.get("max_tokens")
+        if limit is None:
+            limit = body.get("max_completion_tokens")
+        if limit is not None:
+            try:
+                limit = int(limit)
+            except (TypeError, ValueError):
+                return _error(f"max_tokens must be an integer, got {limit!r}.",
+                              "BadRequestError", 400, "max_tokens")
+            if limit < 1:  # vllm/sampling_params.py SamplingParams._verify_args
+                return _error(f"max_tokens must be at least 1, got {limit}.",
+                              "BadRequestError", 400, "max_tokens")
+        # ignore_eos (vLLM's extension): exactly max_tokens; else the canned text's length,
+        # cut at max_tokens (the text itself stays whole: it is canned)
+        completion_tokens = ((limit or 16) if body.get("ignore_eos")
+                             else min(_count_tokens(text), limit or 1 << 30))
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -284,11 +334,27 @@ def build_app(state: ServerState) -> FastAPI:
             rid, obj = f"cmpl-{uuid.uuid4().hex}", "text_completion"
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
         if body.get("stream"):
+            # The request enters the engine when the stream starts (as vLLM's generate() is
+            # first iterated by the stream generator); the 200 and the headers go out at once,
+            # the first chunk when the first engine step produced a token.
             return StreamingResponse(
-                _stream(rid, created, model, text, usage, chat,
+                _stream(engine, completion_tokens, prompt_tokens,
+                        rid, created, model, text, usage, chat,
                         "reasoning" if message.get("reasoning") else "content"),
                 media_type="text/event-stream"
             )
+        state.running += 1
+        req = engine.submit(completion_tokens)
+        try:
+            await engine.finished(req)
+            state.success_total += 1
+            state.prompt_tokens_total += prompt_tokens
+        except RuntimeError:
+            return _engine_error()
+        finally:
+            state.running -= 1
+            if not req.done.done():  # cancelled: the client went away
+                engine.abort(req)
         return JSONResponse(
             {
                 "id": rid,
@@ -374,7 +440,7 @@ def build_app(state: ServerState) -> FastAPI:
             f"vllm:num_requests_running{{{labels}}} {float(state.published_running)}",
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
-            f"vllm:num_requests_waiting{{{labels}}} 0.0",
+            f"vllm:num_requests_waiting{{{labels}}} {float(state.published_waiting)}",
             "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
             "# TYPE vllm:kv_cache_usage_perc gauge",
             f"vllm:kv_cache_usage_perc{{{labels}}} 0.0",
@@ -414,9 +480,29 @@ def _rank_env_summary(report: dict[str, Any]) -> str:
     return f"r{report['rank']}@{report['node_ip']}[{' '.join(parts)}]"
 
 
-async def _stream(rid: str, created: int, model: str, text: str, usage: dict[str, int], chat: bool,  # type: ignore[no-untyped-def]
-                  field_name: str = "content"):
+ENGINE_ERROR = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+def _engine_error() -> JSONResponse:
+    return _error(ENGINE_ERROR, "InternalServerError", 500)
+
+
+def _split_first(text: str) -> tuple[str, str]:
+    """The first token's text (the first word and its space) and the rest."""
+    head, sep, tail = text.partition(" ")
+    return head + sep, tail
+
+
+async def _stream(engine: _Engine, completion_tokens: int, prompt_tokens: int,
+                  rid: str, created: int, model: str, text: str, usage: dict[str, int],
+                  chat: bool, field_name: str = "content") -> AsyncIterator[str]:
+    """Server-sent events in two phases: the first chunk(s) when the first engine step gave
+    the request its first token (vLLM's chat_completion_stream_generator sends its first
+    chunk, the role's, in its first iteration over the engine's outputs), the rest when it is
+    done. An engine failure after the 200 is an error event, then [DONE] (as vLLM's
+    create_streaming_error_response)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
+    state = engine.state
 
     def chunk(choice: dict[str, Any], with_usage: bool = False) -> str:
         payload: dict[str, Any] = {
@@ -430,13 +516,45 @@ async def _stream(rid: str, created: int, model: str, text: str, usage: dict[str
             payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n"
 
-    if chat:
-        yield chunk(
-            {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-        )
-        yield chunk({"index": 0, "delta": {field_name: text}, "finish_reason": None})
-        yield chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, with_usage=True)
-    else:
-        yield chunk({"index": 0, "text": text, "finish_reason": None})
-        yield chunk({"index": 0, "text": "", "finish_reason": "stop"}, with_usage=True)
-    yield "data: [DONE]\n\n"
+    first, rest = _split_first(text)
+    state.running += 1
+    req = engine.submit(completion_tokens)
+    try:
+        try:
+            await engine.first_token(req)
+        except RuntimeError:
+            yield _error_event()
+            return
+        if chat:
+            yield chunk(
+                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+            )
+            yield chunk({"index": 0, "delta": {field_name: first}, "finish_reason": None})
+        else:
+            yield chunk({"index": 0, "text": first, "finish_reason": None})
+        try:
+            await engine.finished(req)
+        except RuntimeError:
+            yield _error_event()
+            return
+        state.success_total += 1
+        state.prompt_tokens_total += prompt_tokens
+        if chat:
+            if rest:
+                yield chunk({"index": 0, "delta": {field_name: rest}, "finish_reason": None})
+            yield chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, with_usage=True)
+        else:
+            if rest:
+                yield chunk({"index": 0, "text": rest, "finish_reason": None})
+            yield chunk({"index": 0, "text": "", "finish_reason": "stop"}, with_usage=True)
+        yield "data: [DONE]\n\n"
+    finally:
+        state.running -= 1
+        if not req.done.done():  # the client went away mid-stream
+            engine.abort(req)
+
+
+def _error_event() -> str:
+    body = {"error": {"message": ENGINE_ERROR, "type": "InternalServerError", "param": None,
+                      "code": 500}}
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"

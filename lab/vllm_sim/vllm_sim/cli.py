@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--served-model-name", nargs="+", default=None)
     serve.add_argument("--api-key", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
+    # vLLM's scheduler bound (EngineArgs.max_num_seqs, None = the usage context's default)
+    serve.add_argument("--max-num-seqs", type=int, default=None)
     serve.add_argument("--revision", default=None)
     serve.add_argument("--download-dir", default=None)
     # vLLM has had --middleware (append) since 0.4; the lab's program uses it in both modes
@@ -119,6 +121,9 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
     model = args.model_tag or args.model
     if not model:
         parser.error("a model is required: vllm serve MODEL")
+    if args.max_num_seqs is not None and args.max_num_seqs < 1:
+        logger.error("max_num_seqs must be at least 1, got %d.", args.max_num_seqs)
+        return 1
     if v2:
         # vllm/entrypoints/serve/middleware/register.py:32-36: --api-key (one or more) wins
         # over VLLM_API_KEY; empty keys are dropped.
@@ -264,8 +269,11 @@ def add_user_middleware(app: Any, paths: list[str]) -> None:
 def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, v2) -> int:  # type: ignore[no-untyped-def]
     import uvicorn
 
-    from vllm_sim.api_server import ServerState, build_app
+    from vllm_sim.api_server import DEFAULT_MAX_NUM_SEQS, ServerState, build_app
 
+    max_num_seqs = DEFAULT_MAX_NUM_SEQS if args.max_num_seqs is None else args.max_num_seqs
+    logger.info("Scheduler: max_num_seqs=%d (at most that many requests per engine step, "
+                "the rest wait first come first served)", max_num_seqs)
     state = ServerState(
         served_model_name=served_name,
         model=model,
@@ -280,6 +288,7 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
         check_health=executor.check_health if executor else (lambda: True),
         step=getattr(executor, "step", None) or (lambda: None),
         reasoning_parser=getattr(args, "reasoning_parser", None),
+        max_num_seqs=max_num_seqs,
     )
     app = build_app(state)
     add_user_middleware(app, args.middleware or [])

@@ -25,11 +25,13 @@ logger = init_logger(__name__)
 
 FLAG_TABLE = "serve_flags_0_33_0.txt"
 _INT_FLAGS = {"tensor_parallel_size", "pipeline_parallel_size", "port", "data_parallel_size",
-              "nnodes"}
+              "nnodes", "max_num_seqs"}
 _BACKENDS = ["ray", "mp", "uni", "external_launcher"]
 # The real defaults of the flags the simulator acts on (vllm/config/parallel.py:140-142,
 # vllm/entrypoints/common/cli_args.py FrontendArgs.port); every other flag defaults to None.
 # data_parallel_size and nnodes as real vLLM 0.26.0 parsed them (tests/fixtures/real-vllm).
+# max_num_seqs stays None here, as in vLLM (EngineArgs.max_num_seqs: int | None = None): the
+# usage context's default (api_server.DEFAULT_MAX_NUM_SEQS) is applied after parsing.
 _DEFAULTS: dict[str, Any] = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "port": 8000,
                              "data_parallel_size": 1, "nnodes": 1}
 
