@@ -37,8 +37,9 @@ COUNTER = "vllm:generation_tokens_total"
 
 def tokens():
     """The sum of the counter over its label sets, or None when /metrics does not say."""
-    try:
-        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+    try:  # the API key guards /metrics too (the program's middleware)
+        req = urllib.request.Request(base + "/metrics", headers=headers)
+        with urllib.request.urlopen(req, timeout=5) as resp:
             text = resp.read().decode()
     except (OSError, urllib.error.URLError):
         return None
