@@ -75,6 +75,13 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
     out["busy: requests running"] = any(x.get("num_requests_running", 0) > 0 for x in busy)
     out["busy: the canary streams a first token"] = (
         s["busy_queue"]["canary"].get("first_token_s") is not None)
+    if "liveness_while_busy" in s["busy_queue"]:  # the canary + token-counter check
+        # a long queue is never wedged: "running" (busy or serving: which of the two depends
+        # on how long the queue holds the canary against its bound, i.e. on the hardware)
+        out["busy: liveness state"] = s["busy_queue"]["liveness_while_busy"]["state"]
+        out["busy: requests wait"] = any(x.get("num_requests_waiting", 0) > 0 for x in busy)
+        out["liveness while serving: the canary's token came"] = any(
+            x.startswith("serving:") for x in s["liveness_serving"].get("seen", []))
     fr = s["frozen_idle"]
     out["frozen: /health"] = sorted({x["health"] for x in fr["samples"]})
     out["frozen: num_requests_running"] = sorted({x.get("num_requests_running")
@@ -84,6 +91,8 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
     out["frozen: the canary gets a first token"] = (
         fr["canary_while_frozen"].get("first_token_s") is not None)
     out["frozen: liveness state"] = fr["liveness_while_frozen"]["state"]
+    out["frozen under load: liveness state"] = (
+        s["frozen_loaded"]["liveness_while_frozen"]["state"])
     out["frozen: serves again after SIGCONT"] = (
         fr["canary_after_sigcont"].get("first_token_s") is not None)
     if "frozen_inflight" in s:  # requests in flight: the gauges stay at their last value
