@@ -8,7 +8,8 @@ streamed token and vLLM's token counter. vLLM is then *serving* (the canary's to
 *busy* (no token yet, but vLLM generates: a long queue, left alone), *wedged* (no token and
 the counter stood still: replaced by a repair), *not serving* (an error), or *dead* (its
 container exited, with any code: a dead rank makes vLLM exit 0). Prints one line per
-container and a verdict; exits 0 when serving, 1 when not, 2 when it cannot tell.
+container and a verdict; exits 0 when serving, 1 when not, 2 when it cannot tell; `--watch`
+exits 3 when it stopped for a person.
 
 `--watch` repairs: every `--interval` s, when the verdict is not serving, it runs
 `pulumi up --refresh` (only what died or wedged and what depends on it is replaced). Before
@@ -244,8 +245,8 @@ def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, st
         return "unknown", str(err)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
-        err = proc.stderr.strip().splitlines()
-        return "unknown", err[-1] if err else f"the check ended with exit {proc.returncode}"
+        said = proc.stderr.strip().splitlines()
+        return "unknown", said[-1] if said else f"the check ended with exit {proc.returncode}"
     seen = [ln for ln in proc.stderr.splitlines()
             if ln.startswith(("serving:", "busy:", "unknown:"))]
     return classify(lines[-1], seen)
@@ -324,6 +325,9 @@ def _repair(stack: Any) -> bool:
 
 
 MEMORY_WAIT_S = 30  # how long the memory of a stopped vLLM may take to come back
+# --watch stopped for a person (too many repairs, or memory that did not come back): a systemd
+# unit keeps it down with RestartPreventExitStatus=3 (docs/operations.md)
+NEEDS_A_PERSON = 3
 
 
 def stop_vllm(stack: Any, report: Report) -> None:
@@ -394,9 +398,13 @@ def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float,
                       "restarts left a DGX Spark needing a physical reset). Check each node's "
                       "free memory (nvidia-smi, /proc/meminfo), reboot the one that lost it, "
                       f"then run `pulumi up --refresh --stack {stack.name}`.", flush=True)
-                return 1
-            stop_vllm(stack, report)
-            short = memory_problems(stack, memory_wait_s)
+                return NEEDS_A_PERSON
+            # a node that does not answer: touch nothing (the repair fails naming it, and
+            # counts); else stop a still-running vLLM and check that its memory came back
+            short = []
+            if not report.unreachable:
+                stop_vllm(stack, report)
+                short = memory_problems(stack, memory_wait_s)
             if short:
                 print("[status] refusing to restart vLLM: the memory did not come back after "
                       f"the old vLLM stopped (waited {memory_wait_s:.0f} s):", flush=True)
@@ -404,7 +412,7 @@ def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float,
                     print(f"    {line}", flush=True)
                 print("[status] a restart there would fail, or leak more; reboot that node, "
                       f"then run `pulumi up --refresh --stack {stack.name}`", flush=True)
-                return 1
+                return NEEDS_A_PERSON
             repairs.append(time.monotonic())
             if _repair(stack) and collect(stack).serving:
                 print(f"[status] repaired: serving again ({len(repairs)} repair(s) in the "
