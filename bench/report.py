@@ -14,7 +14,8 @@ from spark_vllm.spec import DEFAULT_RAY_TIMEOUT_S
 
 TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_change":
           "env change → serving", "vllm_change": "vLLM-arg change → serving",
-          "worker_reboot": "worker node rebooted → serving", "teardown": "teardown",
+          "worker_reboot": "worker node rebooted → serving",
+          "wedge_repair": "rank frozen (wedged) → serving", "teardown": "teardown",
           "join_failure": "worker cannot join → reported"}
 
 
@@ -53,7 +54,7 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "What each step restarted (median over runs; vLLM: runs where it restarted):",
                   "", "| scenario | " + " | ".join(LABELS[c] for c in CONTENDERS) + " |",
                   "|---|" + "---|" * len(CONTENDERS)]
-        for s in ("noop", "env_change", "vllm_change", "worker_reboot"):
+        for s in ("noop", "env_change", "vllm_change", "worker_reboot", "wedge_repair"):
             cells = [restart_summary(select(runs, n, c, s)) for c in CONTENDERS]
             if any(x != "–" for x in cells):
                 lines.append(f"| {TITLES[s]} | " + " | ".join(cells) + " |")

@@ -4,7 +4,9 @@ A lifecycle is: clean (untimed) → cold up → no-op re-apply → env change �
 worker node rebooted → teardown, every step timed to /health 200 (teardown: to its command's
 exit), with what it restarted on the nodes. The reboot itself (`python -m lab reboot`, the
 node's dockerd stopping its containers) is not timed: the step is the contender's repair, from
-the node answering again to serving (spark-vllm: `pulumi up --refresh`, detection included). The join failure runs apart, with node-1 ⟷ node-2 blocked on the fabric
+the node answering again to serving (spark-vllm: `pulumi up --refresh`, detection included).
+Then, for a contender that can see one (spark-vllm), a wedge: a rank frozen (`python -m lab
+wedge`), the repair timed to serving, the liveness window included. The join failure runs apart, with node-1 ⟷ node-2 blocked on the fabric
 for its whole duration (always unblocked after, whatever happened).
 """
 
@@ -14,11 +16,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from bench.common import BenchError, Lab, restarts, running_containers, say, snapshot, wait_health
+from bench.common import (
+    STACK,
+    BenchError,
+    Lab,
+    restarts,
+    running_containers,
+    say,
+    snapshot,
+    wait_health,
+)
 from bench.contenders import Contender, Outcome
-from lab import cluster
+from lab import cluster, faults
 
-LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "worker_reboot", "teardown")
+LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "worker_reboot", "wedge_repair",
+             "teardown")
 JOIN = "join_failure"
 SCENARIOS = (*LIFECYCLE, JOIN)
 ENV_CHANGE_TO = "INFO"  # NCCL_DEBUG: WARN (baseline) → INFO
@@ -59,7 +71,9 @@ def _to_serving(lab: Lab, step: Callable[[], Outcome]) -> tuple[float, Outcome]:
 def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None) -> list[dict[str, Any]]:
     """The lifecycle; with `only`, just the steps that scenario needs, recording that one."""
     records: list[dict[str, Any]] = []
-    keep = (lambda name: True) if only is None else (lambda name: name == only)
+    # the wedge is measured next to the dead-worker figure (the reboot runs before it anyway)
+    kept = {only, "worker_reboot"} if only == "wedge_repair" else {only}
+    keep = (lambda name: True) if only is None else (lambda name: name in kept)
     c.clean()
     c.reset()
     steps: list[tuple[str, Callable[[], Outcome]]] = [
@@ -69,19 +83,28 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None) -> list
         ("vllm_change", lambda: c.set_vllm_len(VLLM_LEN_TO)),
         ("worker_reboot", c.repair),
     ]
+    if c.detects_wedge:
+        # a rank frozen (SIGSTOP) on the last node: /health stays 200, no token comes; the
+        # step is the repair, detection (the liveness window) included
+        steps.append(("wedge_repair", c.repair))
     # untimed, before the step: what happens to the cluster
-    faults: dict[str, Callable[[], Any]] = {
-        "worker_reboot": lambda: cluster.reboot([lab.nodes[-1].name], quiet=True)}
+    fault: dict[str, Callable[[], Any]] = {
+        "worker_reboot": lambda: cluster.reboot([lab.nodes[-1].name], quiet=True),
+        "wedge_repair": lambda: faults.wedge(cluster.find_node(lab.nodes[-1].name), STACK)}
     if only == "teardown":
         steps = steps[:1]
     elif only is not None:
-        steps = steps[: [name for name, _ in steps].index(only) + 1]
+        names = [name for name, _ in steps]
+        if only not in names:  # e.g. wedge_repair for a contender that cannot see a wedge
+            c.clean()
+            return records
+        steps = steps[: names.index(only) + 1]
     before = snapshot(lab)
     for scenario, step in steps:
-        if scenario in faults:
+        if scenario in fault:
             if len(lab.nodes) < 2:
                 continue
-            faults[scenario]()
+            fault[scenario]()
             before = snapshot(lab)  # the rebooted node's containers, stopped
         seconds, out = _to_serving(lab, step)
         after = snapshot(lab)

@@ -128,6 +128,16 @@ def targets(runs: list[dict[str, Any]], preview: list[dict[str, Any]], join_cap:
                               "the head kept",
                               f"{med:.1f} s vs {sv:.1f} s = {ratio:.2f} ×; head restarted in "
                               f"{head} of {len(rb)} runs", ratio <= 1.2 and head == 0))
+        wd = [r for r in select(runs, n, "spark-vllm", "wedge_repair") if r["ok"]]
+        if wd:
+            med = m("spark-vllm", "wedge_repair")
+            ray = max(r["restarts"]["ray_containers_started"] + r["restarts"]["ray_restarted_nodes"]
+                      for r in wd)
+            reboot = m("spark-vllm", "worker_reboot")
+            out.append(Target(f"{n} nodes: a wedged vLLM (rank frozen) → serving, Ray kept",
+                              f"{_fmt(med)} s (the 60 s wedge window included; worker reboot "
+                              f"{_fmt(reboot)} s); {ray} Ray restarts (max over {len(wd)} runs)",
+                              ray == 0))
         down, ray_down = m("spark-vllm", "teardown"), m("launcher", "teardown")
         if down is not None and ray_down is not None:
             out.append(Target(f"{n} nodes: teardown no slower than `ray down`",

@@ -42,6 +42,8 @@ class Outcome:
 class Contender(ABC):
     name: str = "?"
     label: str = "?"
+    # sees a wedged vLLM (/health 200, no tokens) and repairs it: the wedge scenario runs
+    detects_wedge: bool = False
 
     def __init__(self, lab: Lab) -> None:
         self.lab = lab

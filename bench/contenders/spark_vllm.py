@@ -44,6 +44,7 @@ def _reason(out: str) -> str:
 class SparkVllm(Contender):
     name = "spark-vllm"
     label = "pulumi up"
+    detects_wedge = True  # the liveness canary and token counter (docs/operations.md)
 
     def __init__(self, lab: Lab, stack_file: Path) -> None:
         super().__init__(lab)
