@@ -91,6 +91,10 @@ class Report:
     endpoint_check: str = ""  # /health from this machine
     endpoint_ok: bool = False
     unreachable: dict[str, str] = field(default_factory=dict)
+    # what collect read once, for a repair's steps (never printed)
+    nodes: list[dict[str, Any]] = field(default_factory=list, repr=False)
+    key: str = field(default="", repr=False)
+    gpu_memory_utilization: float = node_memory.DEFAULT_UTILIZATION
 
     @property
     def vllm_ok(self) -> bool:
@@ -283,7 +287,10 @@ def collect(stack: Any) -> Report:
         raise LookupError(f"stack {stack.name} has no `nodes` output: run `pulumi up` first")
     nodes = outputs["nodes"]
     expected = outputs.get("containerIds") or {}
-    report = Report(stack.name, outputs["endpoint"], outputs["servedModelName"])
+    report = Report(stack.name, outputs["endpoint"], outputs["servedModelName"],
+                    nodes=nodes, key=key, gpu_memory_utilization=float(
+                        (outputs.get("serving") or {}).get("gpuMemoryUtilization")
+                        or node_memory.DEFAULT_UTILIZATION))
     check = liveness_check(outputs)
     with ThreadPoolExecutor(max_workers=len(nodes) + 2) as pool:
         vllm = pool.submit(_ask_vllm, nodes[0], key, check)
@@ -330,35 +337,30 @@ MEMORY_WAIT_S = 30  # how long the memory of a stopped vLLM may take to come bac
 NEEDS_A_PERSON = 3
 
 
-def stop_vllm(stack: Any, report: Report) -> None:
+def stop_vllm(report: Report) -> None:
     """A wedged (or otherwise failing) vLLM that still runs holds its memory: stop it, so that
     the memory check sees what a new vLLM would get. The repair replaces it either way (its
     liveness reads "exited"). A container that no longer runs is left as it is."""
-    outputs = {k: v.value for k, v in stack.outputs().items()}
-    head = outputs["nodes"][0]
-    key = config_secret(stack, "sshPrivateKey") or ""
+    head = report.nodes[0]
     name = head["containers"][commands.VLLM]
     vllm = [c for c in report.containers if c.role == commands.VLLM]
     if vllm and vllm[0].state == "running":
         print(f"[status] stopping {name} on {head['name']} ({report.vllm_state}) before the "
               "repair, so that its memory is seen coming back", flush=True)
-        ssh.run(_target(head, key), f"docker stop -t 30 {shlex.quote(name)} >/dev/null",
+        ssh.run(_target(head, report.key), f"docker stop -t 30 {shlex.quote(name)} >/dev/null",
                 timeout=60 + 2 * ssh.CONNECT_TIMEOUT_S)
 
 
-def memory_problems(stack: Any, wait_s: float = MEMORY_WAIT_S) -> list[str]:
+def memory_problems(report: Report, wait_s: float = MEMORY_WAIT_S) -> list[str]:
     """Every node whose free GPU memory stays below what vLLM needs to start, after waiting
     up to `wait_s` for it to come back; [] when all have it (or cannot say: no nvidia-smi)."""
-    outputs = {k: v.value for k, v in stack.outputs().items()}
-    key = config_secret(stack, "sshPrivateKey") or ""
-    util = float((outputs.get("serving") or {}).get("gpuMemoryUtilization")
-                 or node_memory.DEFAULT_UTILIZATION)
+    util = report.gpu_memory_utilization
     deadline = time.monotonic() + wait_s
     while True:
         short = []
-        for node in outputs["nodes"]:
+        for node in report.nodes:
             try:
-                proc = ssh.run(_target(node, key), node_memory.SCRIPT, timeout=30)
+                proc = ssh.run(_target(node, report.key), node_memory.SCRIPT, timeout=30)
             except ssh.NodeUnreachableError as err:
                 short.append(f"{node['name']}: memory unknown ({err})")
                 continue
@@ -403,8 +405,8 @@ def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float,
             # counts); else stop a still-running vLLM and check that its memory came back
             short = []
             if not report.unreachable:
-                stop_vllm(stack, report)
-                short = memory_problems(stack, memory_wait_s)
+                stop_vllm(report)
+                short = memory_problems(report, memory_wait_s)
             if short:
                 print("[status] refusing to restart vLLM: the memory did not come back after "
                       f"the old vLLM stopped (waited {memory_wait_s:.0f} s):", flush=True)

@@ -3,39 +3,28 @@ README gives (the real `pulumi` CLI, secrets by stdin), and `spark-vllm status` 
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 
-from lab import cluster, config, envsh, keys
+from lab import cluster, config, keys
+from tests import operator_project
 from tests.integration.engine import node_sh
 
 pytestmark = pytest.mark.integration
 
 STACK = "ops"
-CLI = Path(sys.executable).parent / "spark-vllm"
+CLI = operator_project.CLI
 
 
 @pytest.fixture(scope="module")
 def operator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
     root = tmp_path_factory.mktemp("operator-repo")
     assert not root.is_relative_to(config.REPO_DIR)
-    proj = root / "sparks"
-    subprocess.run([str(CLI), "init", str(proj)], check=True, capture_output=True, timeout=60)
-    doc = yaml.safe_load((proj / "Pulumi.yaml").read_text())
-    doc["runtime"]["options"]["virtualenv"] = str(Path(sys.executable).parents[1])
-    (proj / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    (root / "state").mkdir()
-    env = {**os.environ, **{k: v for k, v in envsh.sourced().items()
-                            if k.startswith(("PATH", "PULUMI_"))},
-           "PULUMI_BACKEND_URL": f"file://{root / 'state'}",
-           "PULUMI_CONFIG_PASSPHRASE": "operator-passphrase"}
+    proj, env, _ = operator_project.make(root)
     try:
         cluster.up(cluster.UpOptions(nodes=2, stack=STACK, quiet=True))
         # the lab's addresses and host keys, as an operator would write them for their nodes;

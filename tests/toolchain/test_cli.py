@@ -5,7 +5,6 @@ resource, and a failing pulumi call reads as what went wrong and what to do — 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lab import envsh
 from lab.config import REPO_DIR
+from tests import operator_project
 
 KEY = REPO_DIR / "tests" / "fixtures" / "keys" / "clear_ed25519"
-CLI = Path(sys.executable).parent / "spark-vllm"
+CLI = operator_project.CLI
 
 
 @pytest.fixture(scope="module")
@@ -26,9 +25,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     spark-vllm installed), with its own file backend and one stack."""
     root = tmp_path_factory.mktemp("operator")
     assert not root.is_relative_to(REPO_DIR)
-    proj = root / "sparks"
-    out = subprocess.run([str(CLI), "init", str(proj)], capture_output=True, text=True,
-                         timeout=60, check=True).stdout
+    proj, env, out = operator_project.make(root)
     assert "pulumi stack init SITE" in out
     req = (proj / "requirements.txt").read_text()
     assert f"spark-vllm @ file://{REPO_DIR}" in req  # where this spark-vllm came from
@@ -38,14 +35,6 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     # the PR-preview workflow comes with the project, previewing Pulumi.<stack>.yaml there
     workflow = (proj / ".github" / "workflows" / "spark-vllm-preview.yml").read_text()
     assert 'glob("Pulumi.*.yaml")' in workflow and "venv/bin/spark-vllm summary" in workflow
-    # run it in the repo's venv instead of `pulumi install` making one (no second Ray install)
-    doc["runtime"]["options"]["virtualenv"] = str(Path(sys.executable).parents[1])
-    (proj / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-    (root / "state").mkdir()
-    env = {**os.environ, **{k: v for k, v in envsh.sourced().items()
-                            if k.startswith(("PATH", "PULUMI_"))},
-           "PULUMI_BACKEND_URL": f"file://{root / 'state'}",
-           "PULUMI_CONFIG_PASSPHRASE": "operator-passphrase"}
     subprocess.run(["pulumi", "stack", "init", "site-a"], cwd=proj, env=env, check=True,
                    capture_output=True, timeout=60)
     example = (REPO_DIR / "docs" / "examples" / "Pulumi.spark-duo.yaml").read_text()

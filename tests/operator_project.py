@@ -1,0 +1,33 @@
+"""An operator's spark-vllm project, as `spark-vllm init` writes it, in a directory outside the
+clone: run in this repository's .venv (which has spark-vllm installed) instead of a second one
+`pulumi install` would make, with its own file backend and passphrase."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from lab import envsh
+
+CLI = Path(sys.executable).parent / "spark-vllm"
+PASSPHRASE = "operator-passphrase"
+
+
+def make(root: Path) -> tuple[Path, dict[str, str], str]:
+    """(project dir, the env pulumi runs with, what `init` printed)."""
+    proj = root / "sparks"
+    out = subprocess.run([str(CLI), "init", str(proj)], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    doc = yaml.safe_load((proj / "Pulumi.yaml").read_text())
+    doc["runtime"]["options"]["virtualenv"] = str(Path(sys.executable).parents[1])
+    (proj / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    (root / "state").mkdir()
+    env = {**os.environ, **{k: v for k, v in envsh.sourced().items()
+                            if k.startswith(("PATH", "PULUMI_"))},
+           "PULUMI_BACKEND_URL": f"file://{root / 'state'}",
+           "PULUMI_CONFIG_PASSPHRASE": PASSPHRASE}
+    return proj, env, out
