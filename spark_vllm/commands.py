@@ -93,6 +93,24 @@ _VLLM_ENTRY_SH = ('export PYTHONPATH="$VLLM_CONFIG_ROOT${PYTHONPATH:+:$PYTHONPAT
                   '&& exec vllm "$@"')
 
 
+# The node's compile caches (compileCache) inside every container that runs a rank or the
+# driver. vLLM keeps its torch.compile artefacts under VLLM_CACHE_ROOT/torch_compile_cache/
+# <hash>/rank_<r>_<dp>/ and points inductor and Triton there too (vllm/compilation/backends.py
+# VllmBackend.__call__, compiler_interface.py initialize_cache); the hash covers the compile-
+# affecting env, the vLLM config (model, dtype, parallel layout, compilation flags), the source
+# of every traced file and the compiler (torch) version. Kernels JIT-built outside that
+# (Triton kernels vLLM calls directly, FlashInfer, the driver's PTX JIT, torch extensions)
+# keep their own caches, each keyed by its own source and version: all of them live here.
+CACHE_MOUNT = "/spark-vllm-cache"
+CACHE_ENV_DIRS = {"VLLM_CACHE_ROOT": "vllm", "TRITON_CACHE_DIR": "triton",
+                  "TORCHINDUCTOR_CACHE_DIR": "inductor", "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+                  "CUDA_CACHE_PATH": "nv", "TORCH_EXTENSIONS_DIR": "torch_extensions"}
+# The image id the cache was made with, in the cache directory. None of the keys above covers
+# a rebuilt image whose versions did not change (a patched kernel library, another CUDA
+# build): so a Ray container that starts with another image clears the node's cache first.
+CACHE_STAMP = ".spark-vllm-image"
+
+
 def container_name(spec: ClusterSpec, role: str) -> str:
     """Fixed per stack and role (invariant 4): a rerun finds and replaces its own leftovers."""
     return f"{LABEL}-{spec.stack}-{role}"
@@ -121,6 +139,9 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
             env[key] = node.fabric_interface
     if node.ib_hca:
         env["NCCL_IB_HCA"] = node.ib_hca
+    if spec.compile_cache_dir:
+        for key, sub in CACHE_ENV_DIRS.items():
+            env[key] = f"{CACHE_MOUNT}/{sub}"
     return env
 
 
@@ -155,6 +176,8 @@ def docker_run_argv(
     if spec.docker_gpus != "none":
         argv += ["--gpus", spec.docker_gpus]
     argv += ["--volume", f"{spec.hf_cache}:/root/.cache/huggingface"]
+    if spec.compile_cache_dir:
+        argv += ["--volume", f"{spec.compile_cache_dir}:{CACHE_MOUNT}"]
     argv += list(extra or [])
     argv += ["--env-file", env_file_name(role)]
     for key, value in node_env(spec, node).items():
@@ -434,6 +457,8 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
             f'case " $have " in *" {d} "*|*"@{d} "*) ;; *) fail "{spec.image} on {node.name} is '
             f'not imageDigest {d}: it is ${{have:-not there}}" ;; esac',
         ]
+    if role in (HEAD, WORKER) and spec.compile_cache_dir:
+        lines += _cache_lines(spec, node)
     lines += [
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",
@@ -480,6 +505,36 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str]) 
                   "fi"]
     lines += ['log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"']
     return "\n".join(lines) + "\n"
+
+
+def _cache_lines(spec: ClusterSpec, node: NodeSpec) -> list[str]:
+    """Before a Ray container starts on `node`: its compile cache directory exists, owned by
+    the SSH user (the containers write into it as root; clearing goes through a container, so
+    no sudo is needed), and was made with this image, or is cleared; then how warm it is."""
+    d = spec.compile_cache_dir
+    assert d is not None
+    image = shlex.quote(spec.image)
+    stamp = f'"$cache"/{CACHE_STAMP}'
+    return [
+        f"cache={shlex.quote(d)}",
+        'mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ] || fail "compileCache $cache on '
+        f'{node.name} is not a directory $(id -un) can write (chown it, or set compileCache '
+        'to one it owns, or none)"',
+        f"img=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null || true)",
+        f'was=$(cat {stamp} 2>/dev/null || true)',
+        'if [ -n "$img" ] && [ "$was" != "$img" ]; then',
+        f'  if [ -n "$(ls -A "$cache" | grep -vx {shlex.quote(CACHE_STAMP)} || true)" ]; then',
+        '    log "compile cache $cache was made with ${was:-another image}: clearing it for $img"',
+        f"    docker run --rm --network none --volume \"$cache\":{CACHE_MOUNT} --entrypoint sh "
+        f"{image} -c {shlex.quote(f'rm -rf {CACHE_MOUNT}/* {CACHE_MOUNT}/.[!.]*')} >/dev/null "
+        '2>&1 || fail "cannot clear the compile cache $cache"',
+        "  fi",
+        f'  printf "%s\\n" "$img" > {stamp}',
+        "fi",
+        'log "compile cache $cache: $(du -sk "$cache" 2>/dev/null | cut -f1) KiB '
+        '($(find "$cache" -path "*/torch_compile_cache/*" -name "rank_*" 2>/dev/null | wc -l) '
+        'compiled rank dirs)"',
+    ]
 
 
 def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
@@ -737,6 +792,7 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
     # $work is mktemp's (no spaces): rsync splits -e at spaces
     ssh_opts = " ".join(opts)
     to = f"{node.name} ({dest})"
+    transport = "raw TCP (unencrypted)" if spec.copy_transport == "tcp" else "rsync over SSH"
     remote_hf = shlex.quote(shlex.quote(spec.hf_cache))  # quoted for the remote shell too
     lines = [
         *_staging_prelude(spec, head, f"model copy to {node.name}", "key"),
@@ -753,7 +809,9 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
         "command -v rsync >/dev/null 2>&1 || fail \"rsync is not installed on the head\"",
         'python3 "$work"/m.py files "$hf" "$repo" "$commit" > "$work"/files '
         '|| fail "no manifest of $repo at $commit on the head: the staging command writes it"',
-        f"if ! out=$(on_node mkdir -p {remote_hf} 2>&1); then "
+        # the blobs' directory first: parallel transfers then never race to create it
+        f"if ! out=$(on_node mkdir -p {shlex.quote(shlex.quote(model_repo_dir(spec) + '/blobs'))}"
+        " 2>&1); then "
         f'fail "cannot reach {to} over the fabric from the head: $out"; fi',
         # the manifest first (it tells the node what to check), then what is missing there
         'grep "^spark-vllm/manifests/" "$work"/files > "$work"/manifest-file',
@@ -761,21 +819,18 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'|| fail "cannot copy the manifest to {to}"',
         f'space=$(on_helper need) || fail "cannot read free space on {node.name}"',
         "set -- $(printf '%s' \"$space\" | python3 -c 'import json,sys; d=json.load(sys.stdin); "
-        "print(d[\"need\"], d[\"free\"], d[\"path\"])')",
+        "print(d[\"need\"], d[\"free\"], d[\"path\"], d.get(\"cpus\", 1))')",
         f'if [ "$1" -gt "$2" ]; then fail "{node.name} has $(($2 / 1000000)) MB free on $3, the '
         f'model needs $(($1 / 1000000)) MB more there (hfCache {spec.hf_cache})"; fi',
-        f'log "copying $(($1 / 1000000)) MB of $repo to {to}"',
+        *_streams_lines(spec),
+        f'log "copying $(($1 / 1000000)) MB of $repo to {to}: $streams {transport} stream(s)"',
         "start=$(date +%s)",
-        '{ rsync -a -s --partial --append-verify --no-inc-recursive --info=progress2 --stats '
-        # unbuffered: progress updates end in \r, and a pipe would hold them until the end
-        '--outbuf=N '
-        '-e "ssh $ssh_opts" --files-from="$work"/files "$hf"/ "$dest:$hf"/ 2> "$work"/rsync.err; '
-        # progress every 10 s and the bytes sent (--stats), read by the helper (scripts/)
-        'echo $? > "$work"/rc; } | python3 "$work"/m.py progress '
-        + shlex.quote(f"copying to {node.name}") + ' "$work"/sent',
-        'rc=$(cat "$work"/rc)',
-        'if [ "$rc" != 0 ]; then sed "s/^/    | /" "$work"/rsync.err >&2; '
-        f'fail "rsync to {to} failed (exit $rc)"; fi',
+        *(_tcp_copy_lines(spec, node, to) if spec.copy_transport == "tcp" else [
+            'python3 "$work"/m.py push-rsync "$hf" "$work"/files "$streams" "$dest" "$ssh_opts" '
+            + shlex.quote(f"copying to {node.name}") + ' > "$work"/sent '
+            f'|| fail "rsync to {to} failed (above)"',
+            'on_helper mark || fail "cannot record the copy on ' + node.name + '"',
+        ]),
         'state=$(on_helper check) || fail "cannot check the copy on ' + node.name + '"',
         f'[ "$state" = complete ] || fail "after the copy, {node.name} has: $state"',
         "secs=$(( $(date +%s) - start ))",
@@ -785,6 +840,55 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'{shlex.quote(node.name)} "$commit" "$1" "$sent" "$secs"',
     ]
     return "\n".join(lines) + "\n"
+
+
+# Streams of the weight copy with copyStreams auto: one per core of the smaller side (SSH
+# encryption and rsync's checksums are CPU-bound; a Spark's 20 cores give 8), at most 8.
+MAX_AUTO_STREAMS = 8
+
+
+def _streams_lines(spec: ClusterSpec) -> list[str]:
+    """$streams: copyStreams, or from the cores of the head (nproc) and of the node ($4)."""
+    if spec.copy_streams != "auto":
+        return [f"streams={int(spec.copy_streams)}"]
+    return ["streams=$(nproc 2>/dev/null || echo 1)",
+            '[ "$4" -lt "$streams" ] && streams=$4',
+            f'[ "$streams" -gt {MAX_AUTO_STREAMS} ] && streams={MAX_AUTO_STREAMS}',
+            '[ "$streams" -ge 1 ] || streams=1']
+
+
+def _tcp_copy_lines(spec: ClusterSpec, node: NodeSpec, to: str) -> list[str]:
+    """copyTransport tcp: the node's receiver listens on its identity IP (a port of its own
+    choosing and a one-time token, both told back over SSH); the blobs travel over raw TCP,
+    are hashed on arrival against their names; the rest (refs, snapshot links) over rsync."""
+    ip = shlex.quote(shlex.quote(node.identity_ip))
+    return [
+        'on_node python3 - recv ' + shlex.quote(shlex.quote(spec.hf_cache)) + " "
+        + shlex.quote(shlex.quote(spec.model)) + f' "$commit" {ip} "$streams" '
+        '< "$work"/m.py > "$work"/recv.out 2> "$work"/recv.err &',
+        "recv=$!",
+        'cleanup() { kill "$recv" 2>/dev/null || true; }',
+        'i=0; until read -r word port token < "$work"/recv.out 2>/dev/null '
+        '&& [ "$word" = listening ]; do',
+        '  kill -0 "$recv" 2>/dev/null || { sed "s/^/    | /" "$work"/recv.err >&2; '
+        f'fail "the receiver on {node.name} did not start (above)"; }}',
+        '  i=$((i + 1)); [ "$i" -lt 200 ] || fail "the receiver on ' + node.name
+        + ' did not listen within 20 s"',
+        "  sleep 0.1",
+        "done",
+        'python3 "$work"/m.py push-tcp "$hf" "$repo" "$commit" '
+        f'{shlex.quote(node.identity_ip)} "$port" "$token" "$streams" '
+        + shlex.quote(f"copying to {node.name}") + ' > "$work"/sent '
+        f'|| {{ sed "s/^/    | /" "$work"/recv.err >&2; fail "the copy to {to} failed '
+        '(above)"; }',
+        'wait "$recv" || { sed "s/^/    | /" "$work"/recv.err >&2; '
+        f'fail "the receiver on {node.name} failed (above)"; }}',
+        "cleanup() { :; }",
+        'sed "s/^/    | /" "$work"/recv.err >&2',
+        'grep -v "/blobs/" "$work"/files > "$work"/links',
+        'rsync -a -s -e "ssh $ssh_opts" --files-from="$work"/links "$hf"/ "$dest:$hf"/ '
+        f'|| fail "cannot copy the snapshot links to {to}"',
+    ]
 
 
 # --- image consistency (image_check.py) --------------------------------------------------

@@ -89,6 +89,8 @@ def env_facts(spec: ClusterSpec, node: NodeSpec) -> dict[str, Any]:
     return {"node": node.name, "host": node.host, "identityIp": node.identity_ip,
             "image": spec.image,
             **({"imageDigest": spec.image_digest} if spec.image_digest else {}),
+            # the summary tells a warm restart from a cold one by it (and the image)
+            "compileCache": spec.compile_cache_dir or "none",
             "env": commands.node_env(spec, node)}
 
 

@@ -47,6 +47,10 @@ OWNED_ENV = {
 # Owned only while the program stages the model (modelStaging: download or copy): the weights
 # are then on every node before vLLM starts, and no node may fetch anything on its own.
 STAGING_ENV = {"HF_HUB_OFFLINE": "modelStaging (1 while the program stages the model)"}
+# Owned while the nodes keep compile caches (compileCache, not none): each points into the
+# node's cache directory, mounted in every container that runs a rank or the driver.
+CACHE_ENV = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
+             "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR")
 
 # vLLM flags the program derives from the spec; repeating them in vllmArgs would contradict it.
 OWNED_VLLM_FLAGS = {
@@ -156,6 +160,16 @@ class _Settings(_Strict):
     # hold it for long, and then the counter moves (busy, left alone).
     canary_timeout: int = Field(30, ge=1, le=600)
     wedge_window: int = Field(60, ge=2, le=1800)
+    # where each node keeps vLLM's torch.compile, Triton, inductor, FlashInfer and CUDA JIT
+    # caches across container replacements: "" = beside hfCache
+    # (<dirname(hfCache)>/spark-vllm-compile), a path = that root, "none" = in the containers
+    # (every replacement starts cold). Each stack uses <root>/<stack>.
+    compile_cache: str = ""
+    # the weight copy (staging.py): parallel transfers per node ("auto": from the cores of the
+    # head and the node, 1-8), and how the bytes travel: rsync over SSH (encrypted), or tcp,
+    # raw TCP over the fabric (unencrypted, authenticated per copy, for a private link)
+    copy_streams: int | Literal["auto"] = "auto"
+    copy_transport: Literal["ssh", "tcp"] = "ssh"
 
     @field_validator("env", mode="before")
     @classmethod
@@ -174,6 +188,21 @@ class _Settings(_Strict):
     def _absolute(cls, v: str) -> str:
         if not posixpath.isabs(v):
             raise ValueError("must be an absolute path on the nodes")
+        return v
+
+    @field_validator("compile_cache")
+    @classmethod
+    def _cache_path(cls, v: str) -> str:
+        if v not in ("", "none") and (not posixpath.isabs(v) or re.search(r"[\s:]", v)):
+            raise ValueError('must be an absolute path on the nodes without spaces or ":", '
+                             '"none", or unset (beside hfCache)')
+        return v
+
+    @field_validator("copy_streams")
+    @classmethod
+    def _streams(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= 64:
+            raise ValueError('must be 1-64 or "auto"')
         return v
 
 
@@ -209,6 +238,17 @@ class ClusterSpec:
     def staged(self) -> bool:
         """The program puts the weights on every node before any Ray container (staging.py)."""
         return self.settings.model_staging != "none"
+
+    @property
+    def compile_cache_dir(self) -> str | None:
+        """This stack's cache directory on every node, or None (compileCache: none)."""
+        root = self.settings.compile_cache
+        if root == "none":
+            return None
+        if not root:
+            root = posixpath.join(posixpath.dirname(self.settings.hf_cache.rstrip("/")) or "/",
+                                  "spark-vllm-compile")
+        return posixpath.join(root, self.stack)
 
     @property
     def user_env(self) -> dict[str, str]:
@@ -302,6 +342,9 @@ def _settings_problems(s: _Settings) -> list[str]:
         if key in STAGING_ENV and s.model_staging != "none":
             out.append(f"env.{key}: set by the program while modelStaging is "
                        f"{s.model_staging}; remove it from env (or set modelStaging: none)")
+        elif key in CACHE_ENV and s.compile_cache != "none":
+            out.append(f"env.{key}: set by the program to the node's compileCache directory; "
+                       "remove it from env (or set compileCache: none)")
         elif key in OWNED_ENV:
             out.append(f"env.{key}: set by the program from {OWNED_ENV[key]}; remove it from env")
         elif not _ENV_KEY_RE.match(key):

@@ -44,6 +44,8 @@ def test_head_docker_run_argv_exact() -> None:
         "--label", "spark-vllm.node=spark-a", "--label", "spark-vllm.identity=192.168.200.12",
         "--network", "host", "--ipc", "host", "--shm-size", "10.24g", "--gpus", "all",
         "--volume", "/root/.cache/huggingface:/root/.cache/huggingface",
+        # the node's compile caches: beside hfCache by default, one directory per stack
+        "--volume", "/root/.cache/spark-vllm-compile/duo:/spark-vllm-cache",
         "--volume", "/tmp/ray", "--env-file", "ray-head.env",
         "--env", "RAY_USAGE_STATS_ENABLED=0", "--env", "NCCL_DEBUG=WARN",
         "--env", "VLLM_HOST_IP=192.168.200.12", "--env", "VLLM_RPC_BASE_PATH=/tmp/ray",
@@ -51,10 +53,67 @@ def test_head_docker_run_argv_exact() -> None:
         "--env", "NCCL_SOCKET_IFNAME=enp1s0f1np1", "--env", "GLOO_SOCKET_IFNAME=enp1s0f1np1",
         "--env", "TP_SOCKET_IFNAME=enp1s0f1np1", "--env", "UCX_NET_DEVICES=enp1s0f1np1",
         "--env", "NCCL_IB_HCA=rocep1s0f1",
+        "--env", "VLLM_CACHE_ROOT=/spark-vllm-cache/vllm",
+        "--env", "TRITON_CACHE_DIR=/spark-vllm-cache/triton",
+        "--env", "TORCHINDUCTOR_CACHE_DIR=/spark-vllm-cache/inductor",
+        "--env", "FLASHINFER_WORKSPACE_BASE=/spark-vllm-cache/flashinfer",
+        "--env", "CUDA_CACHE_PATH=/spark-vllm-cache/nv",
+        "--env", "TORCH_EXTENSIONS_DIR=/spark-vllm-cache/torch_extensions",
         "--entrypoint", "ray", "img:1",
         "start", "--head", "--node-ip-address=192.168.200.12", "--port=6379", "--num-gpus=1",
         "--block",
     ]
+
+
+def test_compile_cache_is_a_path_none_or_beside_hf_cache_and_owns_its_env() -> None:
+    assert duo(compileCache="/data/cc").compile_cache_dir == "/data/cc/duo"
+    assert duo(hfCache="/data/hf").compile_cache_dir == "/data/spark-vllm-compile/duo"
+    off = duo(compileCache="none")
+    assert off.compile_cache_dir is None
+    argv = c.head_run_argv(off)
+    assert not any("spark-vllm-cache" in a for a in argv)
+    assert "VLLM_CACHE_ROOT" not in c.node_env(off, off.head)
+    # with the cache on, VLLM_CACHE_ROOT is the program's; with it off, the user's
+    with pytest.raises(ValueError, match=r"env\.VLLM_CACHE_ROOT: set by the program"):
+        duo(env={"VLLM_CACHE_ROOT": "/x"})
+    assert duo(compileCache="none", env={"VLLM_CACHE_ROOT": "/x"}).user_env["VLLM_CACHE_ROOT"] == "/x"
+    with pytest.raises(ValueError, match="compileCache"):
+        duo(compileCache="relative/dir")
+
+
+def test_a_ray_container_clears_a_cache_made_with_another_image_and_only_then(
+        tmp_path: Path) -> None:
+    """The start script's cache lines run against a fake docker: the stamp decides."""
+    spec = duo(compileCache=str(tmp_path / "cc"))
+    cache = tmp_path / "cc" / "duo"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        f"echo \"$*\" >> {calls}\n"
+        'case "$1 $2" in "image inspect") echo "sha256:$IMG";; esac\n'
+        f'case "$*" in *"rm -rf"*) rm -rf {cache}/vllm;; esac\n')
+    (bin_dir / "docker").chmod(0o755)
+    script = "\n".join(["set -eu", 'log() { echo "$*" >&2; }',
+                        'fail() { echo "FAILED: $*" >&2; exit 1; }',
+                        *c._cache_lines(spec, spec.head)]) + "\n"
+
+    def run(img: str) -> str:
+        env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "IMG": img}
+        r = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return r.stderr
+
+    run("a")  # empty: nothing to clear, the stamp written
+    assert (cache / ".spark-vllm-image").read_text().strip() == "sha256:a"
+    (cache / "vllm" / "torch_compile_cache" / "k" / "rank_0_0").mkdir(parents=True)
+    out = run("a")  # same image: kept
+    assert "clearing" not in out and (cache / "vllm").exists() and "1 compiled rank dirs" in out
+    out = run("b")  # another image: cleared through a container, the stamp updated
+    assert "clearing it for sha256:b" in out and not (cache / "vllm").exists()
+    assert (cache / ".spark-vllm-image").read_text().strip() == "sha256:b"
+    assert "--volume " + str(cache) + ":/spark-vllm-cache" in calls.read_text()
 
 
 def test_worker_uses_its_own_identity_and_interfaces_and_joins_the_head() -> None:

@@ -95,6 +95,7 @@ def test_triggers_carry_readable_facts() -> None:
     head, links = g["ray-head"].plain("triggers")
     assert head == {"node": "node-1", "host": "10.231.0.11", "identityIp": "192.168.231.11",
                     "image": "vllm/image:1", "rayPort": 6379,
+                    "compileCache": "/root/.cache/spark-vllm-compile/test",
                     "env": c.node_env(spec_from(lab_nodes(2), env={"NCCL_DEBUG": "WARN"}),
                                       spec_from(lab_nodes(2)).head)}
     assert head["env"]["NCCL_DEBUG"] == "WARN" and head["env"]["VLLM_HOST_IP"] == "192.168.231.11"

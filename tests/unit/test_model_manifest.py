@@ -132,27 +132,154 @@ def test_files_lists_what_rsync_copies_relative_to_the_cache(tmp_path: Path) -> 
     assert all((tmp_path / f).exists() for f in files)
 
 
-def test_progress_reads_rsync_unbuffered_and_keeps_the_bytes_sent(tmp_path: Path) -> None:
-    """rsync's --info=progress2 updates end in \\r: the filter must see each as it comes (a
-    pipe through awk or tr held them all until rsync ended: no progress during a 120 GB copy)."""
-    sent = tmp_path / "sent"
-    feeder = ("import sys, time\n"
-              "for i in range(1, 5):\n"
-              "    sys.stdout.write(f'\\r  {i},000,000  {25 * i}%  1.00MB/s    0:00:0{4 - i}')\n"
-              "    sys.stdout.flush(); time.sleep(0.4)\n"
-              "print('\\n\\nNumber of files: 9\\nTotal bytes sent: 4,000,123\\nTotal bytes received: 9')\n")
+# rsync as push-rsync drives it, without rsync or ssh: it copies the --files-from list (stdin)
+# from SRC/ to DEST:SRC/ (there FAKE_DST: another directory here), printing progress2-shaped
+# updates and --stats' "Total bytes sent".
+FAKE_RSYNC = r"""#!{python}
+import os, shutil, sys, time
+args = sys.argv[1:]
+src, dst = args[-2], os.environ["FAKE_DST"]  # the node's hfCache (here another dir)
+assert args[-1].endswith(":" + src), args
+files = [ln for ln in sys.stdin.read().splitlines() if ln]
+with open(os.environ["RSYNC_CALLS"], "a") as log:
+    log.write(" ".join(f for f in files) + "\n")
+done = 0
+for f in files:
+    s, d = os.path.join(src, f), os.path.join(dst, f)
+    os.makedirs(os.path.dirname(d), exist_ok=True)
+    if os.path.islink(s):
+        if not os.path.lexists(d):
+            os.symlink(os.readlink(s), d)
+        continue
+    shutil.copyfile(s, d)
+    done += os.path.getsize(s)
+    sys.stdout.write(f"\r  {done:,}  50%  1.00MB/s    0:00:01")
+    sys.stdout.flush()
+    time.sleep(0.2)
+print(f"\n\nNumber of files: {len(files)}\nTotal bytes sent: {done + 7:,}\nTotal bytes received: 9")
+"""
+
+
+def test_push_rsync_spreads_the_blobs_over_n_transfers_then_sends_the_rest(
+        tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    make_repo(src, shards=4)
+    assert helper("build", str(src), REPO, "main").returncode == 0
+    files = helper("files", str(src), REPO, COMMIT).stdout.split()
+    listing = tmp_path / "files"
+    listing.write_text("\n".join(files) + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "rsync").write_text(FAKE_RSYNC.replace("{python}", sys.executable))
+    (bin_dir / "rsync").chmod(0o755)
+    calls = tmp_path / "calls"
     program = script_text("model_manifest.py").replace("PROGRESS_EVERY_S = 10",
-                                                       "PROGRESS_EVERY_S = 0.3")
+                                                       "PROGRESS_EVERY_S = 0.1")
     proc = subprocess.run(
-        ["sh", "-c", f'{sys.executable} -c "$FEED" | {sys.executable} -c "$PROG" progress '
-                     f'"copying to node-2" {sent} 2>&1 | while IFS= read -r l; do '
-                     'echo "$(date +%s.%N) $l"; done'],
-        env={"FEED": feeder, "PROG": program, "SPARK_VLLM_NODE": "node-1", "PATH": "/usr/bin:/bin"},
-        capture_output=True, text=True, timeout=30)
-    lines = proc.stdout.splitlines()
-    assert len(lines) >= 2, proc
-    assert re.fullmatch(r"\[spark-vllm\] node-1: model: copying to node-2: \d,000,000 bytes "
-                        r"\(\d+%\), 1.00MB/s, 0:00:0\d left", lines[0].split(" ", 1)[1])
-    stamps = [float(ln.split()[0]) for ln in lines]
-    assert stamps[-1] - stamps[0] > 0.3  # they came while the copy ran, not all at its end
-    assert sent.read_text() == "4000123\n"
+        [sys.executable, "-c", program, "push-rsync", str(src), str(listing), "2",
+         "u@h", "-o X", "copying to node-2"],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "RSYNC_CALLS": str(calls),
+             "SPARK_VLLM_NODE": "node-1", "FAKE_DST": str(dst)}, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    batches = [ln.split() for ln in calls.read_text().splitlines()]
+    # two parallel batches of blobs (4 shards + 2 small blobs, balanced), then everything else
+    assert len(batches) == 3
+    assert all("/blobs/" in f for b in batches[:2] for f in b)
+    assert not any("/blobs/" in f for f in batches[2])
+    sizes = [sum((src / f).stat().st_size for f in b) for b in batches[:2]]
+    assert abs(sizes[0] - sizes[1]) <= 200_000  # LPT: within one shard of each other
+    rest = sum((src / f).stat().st_size for f in batches[2] if not (src / f).is_symlink())
+    assert int(proc.stdout.strip()) == sum(sizes) + rest + 3 * 7  # their --stats, summed
+    assert re.search(r"copying to node-2: [\d.]+ GB of [\d.]+ GB \(\d+ %\), \d+ MB/s over 2 "
+                     r"stream\(s\), ETA \d+ s", proc.stderr), proc.stderr
+    for f in files:
+        assert (dst / f).exists() or (dst / f).is_symlink()
+
+
+def _tcp_copy(src: Path, dst: Path, streams: int = 2) -> tuple[int, str]:
+    """recv on the 'node' (dst), push-tcp from the 'head' (src), over loopback."""
+    program = script_text("model_manifest.py")
+    recv = subprocess.Popen([sys.executable, "-c", program, "recv", str(dst), REPO, COMMIT,
+                             "127.0.0.1", str(streams)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert recv.stdout is not None
+    word, port, token = recv.stdout.readline().split()
+    assert word == "listening"
+    push = subprocess.run([sys.executable, "-c", program, "push-tcp", str(src), REPO, COMMIT,
+                           "127.0.0.1", port, token, str(streams), "copying to node-2"],
+                          capture_output=True, text=True, timeout=60)
+    _, err = recv.communicate(timeout=60)
+    assert push.returncode == 0 and recv.returncode == 0, (push.stderr, err)
+    for f in helper("files", str(src), REPO, COMMIT).stdout.split():  # the links' rsync
+        if (src / f).is_symlink() and not (dst / f).is_symlink():
+            (dst / f).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(src / f), dst / f)
+    return int(push.stdout.strip()), err
+
+
+def _node_with_manifest(src: Path, dst: Path) -> None:
+    manifest = next((src / "spark-vllm" / "manifests").iterdir())
+    (dst / "spark-vllm" / "manifests").mkdir(parents=True)
+    (dst / "spark-vllm" / "manifests" / manifest.name).write_bytes(manifest.read_bytes())
+
+
+def test_tcp_copy_moves_every_blob_hashed_on_arrival_and_resumes_a_partial_one(
+        tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    rd = make_repo(src)
+    assert helper("build", str(src), REPO, "main").returncode == 0
+    _node_with_manifest(src, dst)
+    blobs = sorted((rd / "blobs").iterdir())
+    total = sum(b.stat().st_size for b in blobs)
+    # an earlier copy stopped half-way through the first shard
+    first = shard(rd, 1)
+    part = dst / first.relative_to(src)
+    part.parent.mkdir(parents=True)
+    Path(str(part) + ".spark-vllm-partial").write_bytes(first.read_bytes()[:120_000])
+    sent, _ = _tcp_copy(src, dst)
+    assert sent == total - 120_000  # only what was missing crossed the link
+    for b in blobs:
+        assert (dst / b.relative_to(src)).read_bytes() == b.read_bytes()
+    assert not list(dst.rglob("*.spark-vllm-partial"))
+    # recorded as verified: a second copy sends nothing, and check reads it complete
+    assert helper("need", str(dst), REPO, COMMIT).returncode == 0
+    assert _tcp_copy(src, dst)[0] == 0
+
+
+def test_a_damaged_partial_is_dropped_and_sent_again_whole(tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    rd = make_repo(src)
+    assert helper("build", str(src), REPO, "main").returncode == 0
+    _node_with_manifest(src, dst)
+    first = shard(rd, 1)
+    part = dst / first.relative_to(src)
+    part.parent.mkdir(parents=True)
+    Path(str(part) + ".spark-vllm-partial").write_bytes(b"\xff" * 50_000)  # wrong bytes
+    sent, err = _tcp_copy(src, dst, streams=1)
+    assert "arrived damaged" in err
+    assert part.read_bytes() == first.read_bytes()
+    total = sum(b.stat().st_size for b in (rd / "blobs").iterdir())
+    assert sent == total - 50_000 + 200_000  # the rest, then the whole shard again
+
+
+def test_need_hashes_a_whole_blob_written_since_it_was_verified_and_drops_a_corrupt_one(
+        tmp_path: Path) -> None:
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    rd = make_repo(src)
+    assert helper("build", str(src), REPO, "main").returncode == 0
+    _node_with_manifest(src, dst)
+    _tcp_copy(src, dst)
+    assert helper("check", str(dst), REPO, COMMIT).stdout.strip() == "complete"
+    victim = dst / shard(rd, 2).relative_to(src)
+    data = bytearray(victim.read_bytes())
+    data[1000] ^= 0xFF  # one byte flipped, the size unchanged
+    victim.write_bytes(bytes(data))
+    # the read-time check (stat only) sees it written since it was verified
+    assert "was written since it was verified" in helper("check", str(dst), REPO, COMMIT).stdout
+    need = helper("need", str(dst), REPO, COMMIT)
+    assert json.loads(need.stdout)["need"] == 200_000 and "does not match its hash" in need.stderr
+    assert not victim.exists()
+    assert _tcp_copy(src, dst)[0] == 200_000
+    assert victim.read_bytes() == shard(rd, 2).read_bytes()
+    assert helper("check", str(dst), REPO, COMMIT).stdout.strip() == "complete"
+
