@@ -108,6 +108,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_CACHE_ROOT = tempfile.mkdtemp(prefix="vsim-cache-")
+
+
 def clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
@@ -117,6 +120,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     }
     env["RAY_USAGE_STATS_ENABLED"] = "0"
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    # a short "compile", into a cache of this test run's own (not the runner's ~/.cache/vllm)
+    env["VLLM_SIM_COMPILE_S"] = "0.2"
+    env["VLLM_CACHE_ROOT"] = _CACHE_ROOT
     env.update(extra)
     return env
 

@@ -17,7 +17,7 @@ import time
 import traceback
 from typing import Any
 
-from vllm_sim import BANNER, is_v2, simulated_version
+from vllm_sim import BANNER, compile_cache, is_v2, simulated_version
 from vllm_sim.logger import configure_logging, init_logger
 
 logger = init_logger(__name__)
@@ -220,7 +220,41 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
             "Model loading took 0.0000 GiB and %.2f seconds (simulated)", time.time() - t0
         )
 
+    try:
+        _init_engine(executor, compile_cache.engine_factors(args, model, extra))
+    except Exception:
+        logger.exception("EngineCore failed to start.")
+        if v2 and executor is not None:
+            executor.shutdown()
+        _shutdown_ray(executor)
+        sock.close()
+        return 1
+    except BaseException:  # SIGTERM (SystemExit) while the ranks compile
+        if v2 and executor is not None:
+            executor.shutdown()
+        raise
+
     return _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, v2)
+
+
+def _init_engine(executor: Any, factors: dict[str, Any]) -> None:
+    """EngineCore._initialize_kv_caches (vllm/v1/engine/core.py:243-348), of which the simulator
+    does the profile run's torch.compile: on every rank (the executor's), or here without Ray
+    (rank 0 is this process), through the compile cache (compile_cache.py); then its line."""
+    start = time.time()
+    compile_s = 0.0
+    if compile_cache.torch_compiles(factors):
+        seconds = compile_cache.compile_seconds()
+        if executor is not None:
+            compile_s = executor.compile_or_warm_up_model(factors, seconds)
+        else:
+            compile_s, _hit = compile_cache.compile(0, compile_cache.rank_factors(factors), seconds)
+    elapsed = time.time() - start
+    if compile_s > 0:
+        logger.info("init engine (profile, create kv cache, warmup model) took %.2f s "
+                    "(compilation: %.2f s)", elapsed, compile_s)
+    else:
+        logger.info("init engine (profile, create kv cache, warmup model) took %.2f s", elapsed)
 
 
 def _shutdown_ray(executor: Any) -> None:

@@ -18,6 +18,7 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from vllm_sim import compile_cache
 from vllm_sim.logger import init_logger
 from vllm_sim.network_utils import get_ip
 
@@ -50,6 +51,17 @@ class RaySimWorker:
     def ping(self) -> bool:
         return True
 
+    def compile_or_warm_up_model(
+        self, rank: int, factors: dict[str, Any], compile_seconds: float
+    ) -> float:
+        """The rank's torch.compile (the engine's profile run), through the node's
+        VLLM_CACHE_ROOT (compile_cache.py). `rank`: the rank after vLLM's re-ordering, which
+        names the cache dir (rank_<rank>_0). Returns its seconds."""
+        seconds, _hit = compile_cache.compile(
+            rank, compile_cache.rank_factors(factors), compile_seconds
+        )
+        return seconds
+
 
 @dataclass
 class RankInfo:
@@ -70,6 +82,12 @@ class SimExecutor:
         self._checked_at = 0.0
         self._alive = True
         self._reported_dead = False
+
+    def compile_or_warm_up_model(self, factors: dict[str, Any], compile_seconds: float) -> float:
+        """Every rank compiles (or loads its cache); the engine keeps the largest time
+        (vllm/v1/executor/abstract.py:124-136)."""
+        return max(ray.get([w.compile_or_warm_up_model.remote(rank, factors, compile_seconds)
+                            for rank, w in enumerate(self.workers)]), default=0.0)
 
     def check_health(self) -> bool:
         """True while every rank actor answers; cached for HEALTH_CACHE_S."""

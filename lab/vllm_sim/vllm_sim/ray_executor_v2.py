@@ -15,6 +15,8 @@ The steps of RayExecutorV2._init_executor (:284-485), in order:
    is on the driver's node, else TCP (:193-212); 7. the response handles (:458-469)
 8. run() on every rank (:471-474); 9. the wait_until_ready barrier (:476-479): blocks without
    bound or log if a local rank and the driver cannot see each other's ipc path.
+Then the engine's profile run: each rank's torch.compile, through its compile cache
+(compile_or_warm_up_model, compile_cache.py), the largest time over the ranks returned.
 Then a monitor thread ray.wait()s on the run() refs every 5 s (:487-537); a finished ref
 means a dead rank: "RayWorkerProc rank=[r] died unexpectedly, shutting down executor.", the
 actors are killed, the failure callback fires.
@@ -32,6 +34,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from vllm_sim import compile_cache
 from vllm_sim.logger import configure_logging, init_logger
 from vllm_sim.ray_env import WORKER_SPECIFIC_ENV_VARS, env_report, get_driver_env_vars
 from vllm_sim.ray_executor import RankInfo
@@ -118,6 +121,16 @@ class RayWorkerProc:
             "gpu_ids": [str(g) for g in ctx.get_accelerator_ids().get("GPU", [])],
             "env": env_report(self.own_env, dict(os.environ)),
         }
+
+    def compile_or_warm_up_model(self, factors: dict[str, Any], compile_seconds: float) -> float:
+        """The rank's torch.compile, when vLLM's Worker does it: after the barrier, in the
+        engine's profile run (vllm/v1/worker/gpu_worker.py determine_available_memory; the
+        time returned by compile_or_warm_up_model). Loaded from the node's VLLM_CACHE_ROOT,
+        else compiled and stored there (compile_cache.py). Returns its seconds."""
+        seconds, _hit = compile_cache.compile(
+            self.rank, compile_cache.rank_factors(factors), compile_seconds
+        )
+        return seconds
 
     def step(self) -> bool:
         """Simulator-only: one engine step needs every rank. A rank that is frozen (SIGSTOP)
@@ -288,6 +301,13 @@ class RayExecutorV2Sim:
         for mq in self.response_mqs:
             mq.wait_until_ready()
         self._start_worker_monitor()
+
+    def compile_or_warm_up_model(self, factors: dict[str, Any], compile_seconds: float) -> float:
+        """Every rank compiles (or loads its cache); the engine keeps the largest time
+        (vllm/v1/executor/abstract.py:124-136). The ranks' second thread runs it (run() holds
+        the first), as step() does."""
+        return max(ray.get([a.compile_or_warm_up_model.remote(factors, compile_seconds)
+                            for a in self.handles]), default=0.0)
 
     def register_failure_callback(self, callback: Callable[[], None]) -> None:
         self.failure_callback = callback
