@@ -154,6 +154,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         # how to reach each node and what runs there: `spark-vllm status` reads it
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,
+                   "compileCache": spec.compile_cache_dir or "none",
                    "containers": {role: commands.container_name(spec, role) for role in
                                   ((commands.HEAD, commands.VLLM) if i == 0 else (commands.WORKER,))}}
                   for i, n in enumerate(spec.nodes)],

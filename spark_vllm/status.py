@@ -91,6 +91,7 @@ class Report:
     endpoint_check: str = ""  # /health from this machine
     endpoint_ok: bool = False
     unreachable: dict[str, str] = field(default_factory=dict)
+    compile_cache: dict[str, str] = field(default_factory=dict)  # node -> "123 MiB in DIR"
     # what collect read once, for a repair's steps (never printed)
     nodes: list[dict[str, Any]] = field(default_factory=list, repr=False)
     key: str = field(default="", repr=False)
@@ -126,6 +127,7 @@ class Report:
                                 "state": c.describe(), "ok": c.ok} for c in self.containers],
                 "ray": self.ray, "vllm": {"state": self.vllm_state, "seen": self.vllm},
                 "endpointCheck": self.endpoint_check, "unreachable": self.unreachable,
+                "compileCache": self.compile_cache,
                 "problems": self.problems()}
 
     def text(self) -> str:
@@ -136,6 +138,8 @@ class Report:
             lines.append(f"{c.node:<12}{c.role:<12}{c.describe():<40}{ray}")
         for node, why in self.unreachable.items():
             lines.append(f"{node:<12}{'-':<12}{'UNREACHABLE: ' + why}")
+        for node, use in self.compile_cache.items():
+            lines.append(f"{node:<12}{'cache':<12}{use}")
         lines.append(f"vLLM: {self.vllm_state}: {self.vllm}")
         lines.append(f"endpoint from here: {self.endpoint_check}")
         if self.serving:
@@ -177,13 +181,16 @@ def config_secret(stack: Any, key: str) -> str | None:
     return value or None  # "" is Pulumi.yaml's default for an unset optional secret
 
 
-def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
-               head: bool) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None]:
+def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: bool
+               ) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None, str]:
     target = _target(node, key)
     roles = node["containers"]
     script = "\n".join(
         f"{_INSPECT}{shlex.quote(name)} 2>/dev/null || echo '/{name}||gone||'"
         for name in roles.values())
+    cache = node.get("compileCache") or "none"
+    if cache != "none":  # its size: what the node keeps for warm restarts
+        script += f"\necho '---cache'\ndu -sk {shlex.quote(cache)} 2>/dev/null | cut -f1"
     if head:
         head_name = shlex.quote(roles[commands.HEAD])
         script += (f"\necho '---ray'\ntimeout 30 docker exec -i {head_name} python3 - "
@@ -191,8 +198,9 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
     try:
         proc = ssh.run(target, script, timeout=60)
     except ssh.NodeUnreachableError as err:
-        return [], str(err), None
+        return [], str(err), None, ""
     text, _, ray_text = proc.stdout.partition("---ray\n")
+    text, _, cache_text = text.partition("---cache\n")
     views = []
     by_name = {line.split("|")[0].lstrip("/"): line.split("|") for line in text.splitlines()
                if "|" in line}
@@ -207,7 +215,10 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str],
             ray = json.loads(ray_text.strip().splitlines()[-1])
         except (ValueError, IndexError):
             ray = None
-    return views, None, ray
+    kib = cache_text.strip()
+    cache_use = ("" if cache == "none" else f"{int(kib) / 1024:.0f} MiB in {cache}"
+                 if kib.isdigit() else f"empty ({cache})")
+    return views, None, ray, cache_use
 
 
 def _ask_endpoint(endpoint: str) -> tuple[bool, str]:
@@ -300,8 +311,10 @@ def collect(stack: Any) -> Report:
         report.vllm_state, report.vllm = vllm.result()
         report.endpoint_ok, report.endpoint_check = endpoint.result()
     ray_table = None
-    for node, (containers, unreachable, ray) in zip(nodes, views, strict=True):
+    for node, (containers, unreachable, ray, cache_use) in zip(nodes, views, strict=True):
         report.containers += containers
+        if cache_use:
+            report.compile_cache[node["name"]] = cache_use
         if unreachable:
             report.unreachable[node["name"]] = unreachable
         if ray is not None:

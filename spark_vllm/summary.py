@@ -101,6 +101,7 @@ class Summary:
     rows: tuple[Row, ...]
     errors: tuple[str, ...] = ()  # error diagnostics: the preview failed
     other_changes: int = 0  # changing resources that are no row (liveness companions, providers)
+    compile_cache: str = ""  # whether a vLLM (re)start finds the nodes' compile caches warm
 
     def changed(self) -> list[Row]:
         return [r for r in self.rows if r.action != KEEP]
@@ -475,7 +476,37 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     rows.sort(key=lambda r: (order.index(r.node), ROLE_ORDER.index(r.role)))
     errors = tuple(str(d.get("message", "")).strip() for d in preview.get("diagnostics") or []
                    if isinstance(d, dict) and d.get("severity") == "error")
-    return Summary(stack, tuple(rows), errors, other)
+    vllm = next((res for (_, role), res in found.items() if role == VLLM and res), None)
+    return Summary(stack, tuple(rows), errors, other, cache_note(vllm))
+
+
+# what vLLM's torch.compile cache keys on, among the facts (vllm/compilation/backends.py: the
+# vLLM config's hash covers the model, the parallel layout and the flags)
+_COMPILE_KEYS = ("model", "tensorParallelSize", "pipelineParallelSize", "vllmArgs")
+
+
+def cache_note(res: _Resource | None) -> str:
+    """Warm or cold: what a vLLM that starts finds in the nodes' compileCache."""
+    if res is None or res.action not in (CREATE, REPLACE):
+        return ""
+    new, _ = _split(VLLM, res.new)
+    old, _ = _split(VLLM, res.old)
+    if not new or "compileCache" not in new:
+        return ""
+    cache = new["compileCache"]
+    if cache == "none":
+        return "vLLM starts cold: compileCache is none (the caches live in the containers)."
+    if res.action == CREATE or not old:
+        return f"Compile caches: kept in {cache} on each node from this start on."
+    if old.get("image") != new.get("image") or old.get("imageDigest") != new.get("imageDigest"):
+        return (f"vLLM starts cold: the image changes, so each node's compile cache ({cache}) "
+                "is cleared.")
+    if old.get("compileCache") != cache:
+        return f"vLLM starts cold: compileCache moves to {cache}."
+    if keys := [k for k in _COMPILE_KEYS if old.get(k) != new.get(k)]:
+        return (f"vLLM compiles again for the new {', '.join(keys)} (its cache keys on them); "
+                f"what else it needs is warm in {cache}.")
+    return f"Warm restart: each node's compile cache ({cache}) is kept."
 
 
 # ---------------------------------------------------------------------------------- rendering
@@ -532,6 +563,8 @@ def what_restarts(s: Summary) -> str:
         line += f" Ray stops on {', '.join(stopped)}."
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
+    if s.compile_cache:
+        line += " " + s.compile_cache
     return line
 
 

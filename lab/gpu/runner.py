@@ -49,6 +49,7 @@ MACHINE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                "NVSHMEM_DISABLE_NVLS": "1", "VLLM_USE_FLASHINFER_SAMPLER": "0"}
 # vLLM's log lines the observations keep (with their time since the container started)
 LOG_MARKS = ("Available KV cache memory", "GPU KV cache size", "torch.compile takes",
+             "Compiling a graph", "torch.compile took", "Using cache directory",
              "Directly load the compiled graph", "init engine", "Starting vLLM API server",
              "Tensor parallel size", "Waiting for creating a placement group",
              "number of required GPUs", "died unexpectedly", "Executor failed",
@@ -109,7 +110,7 @@ class Tier:
         self.host_env = {**os.environ, "PATH": f"{self.shim_dir}:{os.environ['PATH']}",
                          "HOME": "/root", "SHIM_IMAGE_ENV": json.dumps(image_env),
                          # a container's writable layer: private in each container
-                         "SHIM_PRIVATE_DIRS": "/root/.cache:/root/.triton:/root/.config"}
+                         "SHIM_PRIVATE_DIRS": "/root/.cache:/root/.triton:/root/.config:/root/.nv"}
         self.image_env = image_env
 
     # --- running the program's scripts -------------------------------------------------
@@ -151,13 +152,19 @@ class Tier:
 
     def spec(self, stack: str = "gpu", model: str = "spark-vllm/tiny-dense", tp: int = 1,
              vllm_args: tuple[str, ...] = (), env: dict | None = None,
-             ghost_node: str | None = None, vllm_timeout: int = 900) -> specmod.ClusterSpec:
+             ghost_node: str | None = None, vllm_timeout: int = 900,
+             compile_cache: str | None = None) -> specmod.ClusterSpec:
+        """compile_cache None: the earlier parts' layout (compileCache none, VLLM_CACHE_ROOT a
+        machine dir the runner sets); "none": the caches in the containers only (cold after
+        every replacement); a path: the program's compileCache on the node."""
         nodes = [{"name": "h200", "host": self.ip, "gpus": 1}]
         if ghost_node:  # a node that never joins: the layout wants a GPU Ray does not have
             nodes.append({"name": "ghost", "host": ghost_node, "gpus": 1})
         raw = {"nodes": nodes, "image": IMAGE, "model": model, "tensorParallelSize": tp,
                "hfCache": self.hf, "modelStaging": "copy", "port": self.port,
-               "env": {"VLLM_CACHE_ROOT": self.vllm_cache, **(env or {})},
+               "env": {**({"VLLM_CACHE_ROOT": self.vllm_cache} if compile_cache is None
+                          else {}), **(env or {})},
+               "compileCache": compile_cache or "none",
                "vllmArgs": list(vllm_args), "vllmTimeout": vllm_timeout, "rayTimeout": 120,
                "rayPort": 6391,  # not Ray's default: a CPU run beside other Ray tests
                # the liveness bounds, shorter than a Spark's defaults (30/60) to save device
@@ -426,6 +433,37 @@ class Tier:
         self.record("cleanup_restart", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
                                                                               commands.HEAD)})
 
+    def replaced_start(self, s: specmod.ClusterSpec) -> dict:
+        """A Ray-container replacement as `pulumi up` runs it: vLLM and the head removed, a new
+        head, a new vLLM; the start script's seconds and vLLM's compile lines."""
+        for role in (commands.VLLM, commands.HEAD):
+            self.remove(s, role)
+        head = self.head_up(s)
+        r = self.vllm_up(s)
+        cache = s.compile_cache_dir
+        du = subprocess.run(["du", "-sk", cache], capture_output=True, text=True).stdout \
+            if cache else ""
+        return {**r, "head": {"rc": head["rc"], "seconds": head["seconds"],
+                              "cache_lines": [ln for ln in head["stderr"]
+                                              if "compile cache" in ln[1]]},
+                "log": self.container_log(s, commands.VLLM),
+                "cache_kib": int(du.split()[0]) if du.split() else None}
+
+    def cache_part(self) -> None:
+        """Issue: warm starts after a Ray-container replacement. The program's compileCache
+        (a node directory mounted in the head and vLLM containers) against today's layout (the
+        caches in the containers: every replacement starts cold)."""
+        args = ("--max-model-len", "2048", "--gpu-memory-utilization", "0.5")
+        warm = self.spec(vllm_args=args, compile_cache="/root/node-compile-cache")
+        cold = self.spec(vllm_args=args, compile_cache="none")
+        self.record("stage", lambda: self.stage(warm))
+        self.record("cache_first_start", lambda: self.replaced_start(warm))
+        self.record("cache_after_replacement", lambda: self.replaced_start(warm))
+        self.record("nocache_first_start", lambda: self.replaced_start(cold))
+        self.record("nocache_after_replacement", lambda: self.replaced_start(cold))
+        self.record("cleanup_cache", lambda: {r: self.remove(cold, r) for r in (commands.VLLM,
+                                                                               commands.HEAD)})
+
     def memory(self, s: specmod.ClusterSpec, args: tuple[str, ...],
                model: str = "spark-vllm/tiny-dense") -> dict:
         """vLLM's own memory lines for one configuration (the estimator's reference)."""
@@ -455,6 +493,30 @@ class Tier:
             model="spark-vllm/tiny-hybrid"))
         self.record("cleanup_load", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
                                                                            commands.HEAD)})
+
+    def memory_part(self) -> None:
+        """vLLM's memory lines for configurations the estimator (spark_vllm/memory_estimate.py)
+        was not fitted on: other utilizations, batch limits, a longer context, fp8 KV on MoE."""
+        s = self.spec(vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.3"))
+        self.record("head_start", lambda: self.head_up(s))
+        self.record("stage", lambda: self.stage(s))
+        cases = {
+            "kv_dense_util03_seqs256_batch2048": ("spark-vllm/tiny-dense", (
+                "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
+                "--max-num-seqs", "256", "--max-num-batched-tokens", "2048")),
+            "kv_dense_util07_len8192": ("spark-vllm/tiny-dense", (
+                "--max-model-len", "8192", "--gpu-memory-utilization", "0.7")),
+            "kv_moe_util03_fp8": ("spark-vllm/tiny-moe", (
+                "--max-model-len", "2048", "--gpu-memory-utilization", "0.3",
+                "--kv-cache-dtype", "fp8")),
+            "kv_hybrid_util03_len4096": ("spark-vllm/tiny-hybrid", (
+                "--max-model-len", "4096", "--gpu-memory-utilization", "0.3",
+                "--additional-config", '{"gdn_prefill_backend": "triton"}')),
+        }
+        for name, (model, args) in cases.items():
+            self.record(name, lambda model=model, args=args: self.memory(s, args, model=model))
+        self.record("cleanup_memory", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
+                                                                             commands.HEAD)})
 
     def parser_cases(self, s: specmod.ClusterSpec) -> dict:
         """How `vllm serve`'s parser reads flags the program owns or refuses, without an
@@ -675,7 +737,7 @@ def _version(pkg: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--part", choices=["serve", "restart", "load", "all"], default="all")
+    ap.add_argument("--part", choices=["serve", "restart", "load", "cache", "memory", "all"], default="all")
     ap.add_argument("--site", default="/root/site")
     ap.add_argument("--hf", default="/root/hf")
     ap.add_argument("--vllm-cache", default="/root/vllm-cache")
@@ -691,6 +753,10 @@ def main() -> None:
         tier.restart_part()
     if args.part == "load":  # GPU only: the memory lines need real vLLM
         tier.load_part()
+    if args.part == "cache":  # GPU only: real compile times
+        tier.cache_part()
+    if args.part == "memory":  # GPU only: the memory lines need real vLLM
+        tier.memory_part()
     tier.save()
 
 

@@ -118,6 +118,81 @@ def test_a_short_shard_on_the_worker_is_seen_and_copied_again_restarting_nothing
     assert_serving(lab, lab_identities())
 
 
+def test_a_corrupt_shard_on_the_worker_is_seen_hashed_and_sent_again(staged: Lab) -> None:
+    """One byte flipped in a shard on node-2, the size unchanged: the read-time check (stat
+    only) sees the blob written since it was verified, the copy hashes it, drops it and sends
+    it again; nothing restarts."""
+    lab = staged
+    before = ids()
+    name, size = largest_shard("node-2")
+    path = f"$(readlink -f {HF}/hub/models--{MODEL.replace('/', '--')}/snapshots/*/{name})"
+    node_sh("node-2", f"printf '\\377' | dd of={path} bs=1 seek=4096 count=1 conv=notrunc "
+            "2>/dev/null")
+    assert blobs("node-2")[name] != blobs("node-1")[name]
+    preview = ok(lab.preview(refresh=True))
+    text = "\n".join(preview.output)
+    assert f"incomplete: {name} was written since it was verified" in text, text[-3000:]
+    run = ok(lab.up(refresh=True))
+    assert planned(run) == {COPY_LIVE, COPY}, run.changed()
+    assert "does not match its hash: sending it again" in "\n".join(run.output)
+    assert blobs("node-2") == blobs("node-1")
+    copy = copied(lab)
+    assert copy["missing"] == size <= copy["sent"] < size + 1_000_000
+    assert ids() == before
+    assert_serving(lab, lab_identities())
+
+
+def test_the_tcp_copy_survives_an_interruption_and_resumes(staged: Lab) -> None:
+    """copyTransport tcp: the head's sender killed mid-copy (a lost link, a crash) fails the
+    copy before any container and leaves a partial blob and no receiver on node-2; the next
+    `up` resumes from the partial, every blob hashed on arrival."""
+    import threading
+    import time
+
+    lab = staged
+    lab.set("copyTransport", "tcp")
+    try:
+        ok(lab.destroy())
+        node_sh("node-2", f"rm -rf {HF}/hub {HF}/spark-vllm")
+        killed: list[int] = []
+
+        def kill_when_partial() -> None:
+            end = time.monotonic() + 180
+            while time.monotonic() < end:
+                out = node_sh("node-2", f"find {HF}/hub -name '*.spark-vllm-partial' -size +20M "
+                              "2>/dev/null | head -1", check=False)
+                if out.strip():
+                    node_sh("node-1", "pkill -KILL -f '[m].py push-tcp' || true")
+                    killed.append(1)
+                    return
+                time.sleep(0.05)
+
+        t = threading.Thread(target=kill_when_partial)
+        t.start()
+        failed = lab.up()
+        t.join()
+        assert killed and failed.error is not None, failed.error
+        assert "the copy to node-2" in failed.error, failed.error[-2000:]
+        # nothing half-done: no container anywhere, a partial kept for the resume, and the
+        # receiver gone from node-2 (its connections closed with the sender)
+        assert containers(NODES) == []
+        partial = node_sh("node-2", f"find {HF}/hub -name '*.spark-vllm-partial' -printf '%s\\n'")
+        have = sum(int(x) for x in partial.split())
+        assert have > 20_000_000
+        time.sleep(2)
+        assert node_sh("node-2", "pgrep -f '[r]ecv /root' || true").strip() == ""
+        run = ok(lab.up())
+        assert "raw TCP (unencrypted) stream(s)" in "\n".join(run.output)
+        total = lab.outputs()["model"]["bytes"]
+        copy = copied(lab)
+        assert copy["sent"] < total  # resumed: what node-2 had did not travel again
+        assert blobs("node-2") == blobs("node-1")
+        assert node_sh("node-2", f"find {HF}/hub -name '*.spark-vllm-partial'").strip() == ""
+        assert_serving(lab, lab_identities())
+    finally:
+        lab.set("copyTransport", "ssh")
+
+
 def test_two_nodes_with_different_images_under_one_tag_are_refused_with_a_table(
         staged: Lab) -> None:
     lab = staged
