@@ -30,7 +30,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
     ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
-    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging"],
+    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging", "copy"],
                     help="one scenario (its prerequisite steps run untimed-in-the-report)")
     ap.add_argument("--contenders", default=",".join(CHOICES),
                     help="comma-separated subset of %(default)s")
@@ -69,7 +69,7 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
     try:
         for r in range(1, args.runs + 1):
             say(f"{n} nodes, run {r}/{args.runs}")
-            if args.only not in (scenarios.JOIN, "staging"):
+            if args.only not in (scenarios.JOIN, "staging", "copy"):
                 for c in contenders:
                     runs += scenarios.lifecycle(c, lab, r, args.only)
                     save()
@@ -81,6 +81,10 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
         if args.only in (None, "staging") and len(lab.nodes) == 2 and sv is not None:
             say(f"model staging against plain rsync, {args.runs} run(s) each")
             staged += staging.run_all(sv, lab, args.runs)
+            save()
+        if args.only in (None, "copy") and len(lab.nodes) == 2 and sv is not None:
+            say(f"model copy: N streams, one stream, raw TCP, {args.runs} run(s) each")
+            staged += staging.copy_runs(sv, lab, args.runs)
             save()
     finally:
         cluster.unblock_fabric(lab.nodes[0].name, lab.nodes[1].name)

@@ -64,7 +64,8 @@ def markdown(result: dict[str, Any]) -> str:
     for t in targets(runs, preview, cap):
         mark = "–" if t.met is None else ("met" if t.met else "**missed**")
         lines.append(f"| {t.name} | {t.measured} | {mark} |")
-    lines += ["", *staging.table(result.get("staging", [])), *preview_table(preview),
+    lines += ["", *staging.table(result.get("staging", [])),
+              *staging.copy_table(result.get("staging", [])), *preview_table(preview),
               *profile_section(runs)]
     failures = [r for r in [*runs, *result.get("staging", [])] if not r["ok"]]
     if failures:

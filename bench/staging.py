@@ -13,8 +13,10 @@ Both move the same bytes (the blobs; the snapshot's symlinks and refs are a few 
 
 from __future__ import annotations
 
+import json
 import shlex
 import statistics
+import subprocess
 from typing import Any
 
 from bench import profile
@@ -143,4 +145,165 @@ def table(records: list[dict[str, Any]]) -> list[str]:
                 f"({min(noop['download']):.2f}–{max(noop['download']):.2f}), against {n:.2f} s "
                 f"with `none`, same run, interleaved: **{d / n:.2f} ×** (nothing is read or "
                 "hashed; the staging adds resources the engine diffs)."]
+    return out + [""]
+
+
+# --- the weight copy against the fabric: N streams, one stream, raw TCP ------------------
+
+RAW_PORT = 29611
+# node-2's end of the raw TCP reference: accept N connections, read and discard everything
+RAW_RECV = r"""
+import socket, sys, threading
+n = int(sys.argv[2])
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind((sys.argv[1], PORT)); srv.listen(n); print("ready", flush=True)
+total = [0]
+def drain(c):
+    buf = bytearray(4 << 20)
+    while k := c.recv_into(buf):
+        total[0] += k
+ts = [threading.Thread(target=drain, args=(srv.accept()[0],)) for _ in range(n)]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(total[0], flush=True)
+""".replace("PORT", str(RAW_PORT))
+# node-1's end: the model's blobs, largest first onto the least-loaded of N connections,
+# each sent with sendfile from the page cache (as the copy's tcp transport sends them)
+RAW_SEND = r"""
+import os, socket, sys, threading, time
+host, n, d = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+files = sorted((os.path.join(d, f) for f in os.listdir(d)), key=os.path.getsize, reverse=True)
+bins = [[] for _ in range(n)]; load = [0] * n
+for f in files:
+    i = load.index(min(load)); bins[i].append(f); load[i] += os.path.getsize(f)
+def send(batch):
+    with socket.create_connection((host, PORT)) as c:
+        for f in batch:
+            with open(f, "rb") as fh:
+                c.sendfile(fh)
+for f in files:  # warm: the copy reads from the page cache too (node-1 just hashed them)
+    with open(f, "rb") as fh:
+        while fh.read(8 << 20):
+            pass
+t0 = time.monotonic()
+ts = [threading.Thread(target=send, args=(b,)) for b in bins if b]
+[t.start() for t in ts]; [t.join() for t in ts]
+print(f"{time.monotonic() - t0:.3f}")
+""".replace("PORT", str(RAW_PORT))
+
+
+def _raw_tcp(lab: Lab, streams: int) -> tuple[float | None, str]:
+    src, dst = lab.nodes
+    recv = subprocess.Popen(keys.ssh_argv(dst.mgmt_ip, f"python3 -c {shlex.quote(RAW_RECV)} "
+                                                       f"{dst.fabric_ip} {streams}"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert recv.stdout is not None
+    if recv.stdout.readline().strip() != "ready":
+        recv.kill()
+        return None, "the raw receiver did not start"
+    res = ssh(src, f"python3 -c {shlex.quote(RAW_SEND)} {dst.fabric_ip} {streams} "
+                   f"{REPO_DIR}/blobs", timeout=600)
+    out, err = recv.communicate(timeout=120)
+    if not res.ok:
+        return None, res.tail()
+    return float(res.out.strip().splitlines()[-1]), ""
+
+
+def _copy_config(c: SparkVllm, transport: str, streams: str) -> None:
+    for key, value in (("copyTransport", transport), ("copyStreams", streams)):
+        res = c._pulumi("config", "set", "--stack", STACK, f"spark-vllm:{key}", value)
+        if not res.ok:
+            raise RuntimeError(f"pulumi config set {key}: {res.tail()}")
+
+
+def _copy_seconds(c: SparkVllm) -> tuple[float | None, int | None]:
+    """The copy's own account (its JSON line): the transfer and the node's check, and the bytes
+    that crossed the link."""
+    res = c._pulumi("stack", "export", "--stack", STACK)
+    if not res.ok:
+        return None, None
+    for r in json.loads(res.out)["deployment"].get("resources", []):
+        if r.get("urn", "").endswith(f"::{COPY}"):
+            line = json.loads((r.get("outputs") or {}).get("stdout", "").strip().splitlines()[-1])
+            return float(line["seconds"]), int(line["sent"])
+    return None, None
+
+
+COPY_CONTENDERS = {  # name -> (copyTransport, copyStreams), or a reference
+    "spark-vllm tcp auto": ("tcp", "auto"),
+    "spark-vllm ssh auto": ("ssh", "auto"),
+    "spark-vllm ssh 1": ("ssh", "1"),
+    "rsync 1 stream": None,
+    "raw TCP 1": None,
+    "raw TCP 2": None,
+}
+
+
+def copy_runs(c: SparkVllm, lab: Lab, runs: int) -> list[dict[str, Any]]:
+    """The copy to node-2 (wiped first) over each transport, a plain rsync, and raw TCP moving
+    the same blobs between the same nodes; interleaved, the order rotating per run."""
+    _staging_mode(c, "download")
+    if not c.up().ok:
+        raise RuntimeError("copy bench: the stack does not come up")
+    size = _bytes(lab)
+    names = list(COPY_CONTENDERS)
+    records = []
+    for r in range(1, runs + 1):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for who in order:
+            step = None
+            if who.startswith("raw TCP"):
+                seconds, note = _raw_tcp(lab, int(who.split()[-1]))
+            elif who == "rsync 1 stream":
+                seconds, note = _plain(lab)
+            else:
+                transport, streams = COPY_CONTENDERS[who]  # type: ignore[misc]
+                _copy_config(c, transport, streams)
+                step, note = _spark_vllm(c, lab)
+                seconds, _sent = _copy_seconds(c) if step is not None else (None, None)
+            rate = size / seconds / 1e6 if seconds else None
+            say(f"  2 nodes  run {r}  {who:20} copy  "
+                + (f"{seconds:6.2f} s  {rate:7.1f} MB/s" if seconds else f"FAILED: {note[-160:]}"))
+            records.append({"nodes": 2, "contender": who, "scenario": "copy", "run": r,
+                            "seconds": seconds, "step_s": step, "bytes": size,
+                            "ok": seconds is not None, "note": note[-600:]})
+    _copy_config(c, "ssh", "auto")
+    return records
+
+
+def copy_table(records: list[dict[str, Any]], cpus: int | None = None) -> list[str]:
+    records = [r for r in records if r["scenario"] == "copy"]
+    if not records:
+        return []
+    rate = {who: [r["bytes"] / r["seconds"] / 1e6 for r in records
+                  if r["contender"] == who and r["ok"]] for who in COPY_CONTENDERS}
+    med = {who: statistics.median(v) if v else None for who, v in rate.items()}
+    steps = {who: [r["step_s"] for r in records if r["contender"] == who and r.get("step_s")]
+             for who in COPY_CONTENDERS}
+    size = records[0]["bytes"]
+    out = ["## Model copy against the fabric", "",
+           f"{size / 1e9:.2f} GB (the lab's model's blobs) from node-1 to node-2 over the lab "
+           "fabric, node-2 wiped before each spark-vllm run, runs interleaved. spark-vllm: the "
+           "copy's own seconds (the transfer and node-2's check against the manifest; the "
+           "step's total in pulumi, with its SSH sessions, in the last column). rsync: one "
+           "`rsync -a` over SSH. raw TCP: the same blobs sent with sendfile over N sockets to a "
+           "reader on node-2 that discards them (no disk, no hashing, no encryption).", "",
+           "| contender | runs ok | median MB/s | range MB/s | step s (median) |",
+           "|---|---|---|---|---|"]
+    for who, v in rate.items():
+        rng = f"{min(v):.0f}–{max(v):.0f}" if v else "–"
+        shown = f"{med[who]:.0f}" if med[who] is not None else "–"
+        st = f"{statistics.median(steps[who]):.2f}" if steps[who] else "–"
+        out.append(f"| {who} | {len(v)} | {shown} | {rng} | {st} |")
+    raw = max((m for w, m in med.items() if w.startswith("raw") and m), default=None)
+    one = med.get("rsync 1 stream")
+    tcp, ssh_n = med.get("spark-vllm tcp auto"), med.get("spark-vllm ssh auto")
+    out.append("")
+    if tcp and raw:
+        out.append(f"spark-vllm tcp / raw TCP (the better of 1 and 2 sockets): "
+                   f"**{tcp / raw:.2f} ×** (target ≥ 0.8 ×).")
+    if tcp and one:
+        out.append(f"spark-vllm tcp / one rsync stream: **{tcp / one:.2f} ×** (target ≥ 2 × "
+                   "where the cores allow).")
+    if ssh_n and one:
+        out.append(f"spark-vllm ssh (auto streams) / one rsync stream: **{ssh_n / one:.2f} ×**.")
     return out + [""]

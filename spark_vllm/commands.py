@@ -824,7 +824,7 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'model needs $(($1 / 1000000)) MB more there (hfCache {spec.hf_cache})"; fi',
         *_streams_lines(spec),
         f'log "copying $(($1 / 1000000)) MB of $repo to {to}: $streams {transport} stream(s)"',
-        "start=$(date +%s)",
+        "start=$(date +%s.%N)",
         *(_tcp_copy_lines(spec, node, to) if spec.copy_transport == "tcp" else [
             'python3 "$work"/m.py push-rsync "$hf" "$work"/files "$streams" "$dest" "$ssh_opts" '
             + shlex.quote(f"copying to {node.name}") + ' > "$work"/sent '
@@ -833,7 +833,8 @@ def copy_script(spec: ClusterSpec, node: NodeSpec) -> str:
         ]),
         'state=$(on_helper check) || fail "cannot check the copy on ' + node.name + '"',
         f'[ "$state" = complete ] || fail "after the copy, {node.name} has: $state"',
-        "secs=$(( $(date +%s) - start ))",
+        # the transfer and the node's check, to the hundredth (the bench's ratios need it)
+        'secs=$(awk -v a="$start" -v b="$(date +%s.%N)" \'BEGIN {printf "%.2f", b - a}\')',
         'sent=$(cat "$work"/sent 2>/dev/null || echo 0)',
         f'log "ready: {node.name} has $repo at $commit ($sent bytes sent in $secs s)"',
         f"""printf '{{"node": "%s", "commit": "%s", "missing": %s, "sent": %s, "seconds": %s}}\\n' """
@@ -868,7 +869,7 @@ def _tcp_copy_lines(spec: ClusterSpec, node: NodeSpec, to: str) -> list[str]:
         '< "$work"/m.py > "$work"/recv.out 2> "$work"/recv.err &',
         "recv=$!",
         'cleanup() { kill "$recv" 2>/dev/null || true; }',
-        'i=0; until read -r word port token < "$work"/recv.out 2>/dev/null '
+        'i=0; until read -r word port token 2>/dev/null < "$work"/recv.out '
         '&& [ "$word" = listening ]; do',
         '  kill -0 "$recv" 2>/dev/null || { sed "s/^/    | /" "$work"/recv.err >&2; '
         f'fail "the receiver on {node.name} did not start (above)"; }}',

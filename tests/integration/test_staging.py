@@ -8,6 +8,7 @@ shard is cut short, which containers kept their docker ids, what runs after a re
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -118,6 +119,45 @@ def test_a_short_shard_on_the_worker_is_seen_and_copied_again_restarting_nothing
     assert_serving(lab, lab_identities())
 
 
+CACHE = f"/root/.cache/spark-vllm-compile/{STACK}"  # compileCache's default: beside hfCache
+
+
+def rank_dirs(node: str) -> list[str]:
+    out = node_sh(node, f"find {CACHE}/vllm/torch_compile_cache -mindepth 2 -maxdepth 2 "
+                  "-name 'rank_*' 2>/dev/null | sort", check=False)
+    return out.split()
+
+
+def test_a_ray_container_replacement_starts_vllm_warm_from_the_nodes_compile_cache(
+        staged: Lab) -> None:
+    """vllm-sim's ranks compile (VLLM_SIM_COMPILE_S) into VLLM_CACHE_ROOT as vLLM does: each
+    node keeps its rank's artefacts in its compileCache, and an env change, which replaces
+    every Ray container and vLLM, starts the new ranks from them."""
+    lab = staged
+    assert rank_dirs("node-1") and rank_dirs("node-2")  # rank 0 on the head, rank 1 on node-2
+    env = lab.get("env") or {}
+    try:
+        lab.set("env", {**env, "NCCL_DEBUG": "TRACE"})
+        run = ok(lab.up())
+        assert {"ray-head", "ray-worker-node-2", "vllm-serve"} <= planned(run)
+        text = "\n".join(run.output)
+        for node in NODES:
+            assert re.search(rf"{node}: ray-(head|worker): compile cache {CACHE}: \d+ KiB "
+                             r"\([1-9]\d* compiled rank dirs\)", text), text[-3000:]
+            role = "ray-head" if node == "node-1" else "ray-worker"
+            mounts = json.loads(node_sh(node, "docker inspect --format '{{json .Mounts}}' "
+                                        f"spark-vllm-{STACK}-{role}"))
+            assert {"Source": CACHE, "Destination": "/spark-vllm-cache"}.items() <= next(
+                m for m in mounts if m["Destination"] == "/spark-vllm-cache").items()
+        logs = node_sh("node-1", f"docker logs spark-vllm-{STACK}-vllm 2>&1")
+        assert "Directly load the compiled graph(s)" in logs, logs[-3000:]
+        assert "Compiling a graph" not in logs
+        assert_serving(lab, lab_identities())
+    finally:
+        lab.set("env", env)
+        ok(lab.up())  # back as the module's other tests expect it
+
+
 def test_a_corrupt_shard_on_the_worker_is_seen_hashed_and_sent_again(staged: Lab) -> None:
     """One byte flipped in a shard on node-2, the size unchanged: the read-time check (stat
     only) sees the blob written since it was verified, the copy hashes it, drops it and sends
@@ -162,7 +202,9 @@ def test_the_tcp_copy_survives_an_interruption_and_resumes(staged: Lab) -> None:
                 out = node_sh("node-2", f"find {HF}/hub -name '*.spark-vllm-partial' -size +20M "
                               "2>/dev/null | head -1", check=False)
                 if out.strip():
-                    node_sh("node-1", "pkill -KILL -f '[m].py push-tcp' || true")
+                    # the sender alone (the copy's script, whose text names it, lives on)
+                    node_sh("node-1", "pkill -KILL -f '^python3 /tmp/[^ ]*/m[.]py push-tcp' "
+                            "|| true")
                     killed.append(1)
                     return
                 time.sleep(0.05)
