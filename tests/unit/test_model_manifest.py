@@ -217,6 +217,15 @@ def _tcp_copy(src: Path, dst: Path, streams: int = 2) -> tuple[int, str]:
     return int(push.stdout.strip()), err
 
 
+def _head_and_node(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A staged head (its manifest built) and a node that has only the manifest."""
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    rd = make_repo(src)
+    assert helper("build", str(src), REPO, "main").returncode == 0
+    _node_with_manifest(src, dst)
+    return src, dst, rd
+
+
 def _node_with_manifest(src: Path, dst: Path) -> None:
     manifest = next((src / "spark-vllm" / "manifests").iterdir())
     (dst / "spark-vllm" / "manifests").mkdir(parents=True)
@@ -225,10 +234,7 @@ def _node_with_manifest(src: Path, dst: Path) -> None:
 
 def test_tcp_copy_moves_every_blob_hashed_on_arrival_and_resumes_a_partial_one(
         tmp_path: Path) -> None:
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    rd = make_repo(src)
-    assert helper("build", str(src), REPO, "main").returncode == 0
-    _node_with_manifest(src, dst)
+    src, dst, rd = _head_and_node(tmp_path)
     blobs = sorted((rd / "blobs").iterdir())
     total = sum(b.stat().st_size for b in blobs)
     # an earlier copy stopped half-way through the first shard
@@ -247,10 +253,7 @@ def test_tcp_copy_moves_every_blob_hashed_on_arrival_and_resumes_a_partial_one(
 
 
 def test_a_damaged_partial_is_dropped_and_sent_again_whole(tmp_path: Path) -> None:
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    rd = make_repo(src)
-    assert helper("build", str(src), REPO, "main").returncode == 0
-    _node_with_manifest(src, dst)
+    src, dst, rd = _head_and_node(tmp_path)
     first = shard(rd, 1)
     part = dst / first.relative_to(src)
     part.parent.mkdir(parents=True)
@@ -264,10 +267,7 @@ def test_a_damaged_partial_is_dropped_and_sent_again_whole(tmp_path: Path) -> No
 
 def test_need_hashes_a_whole_blob_written_since_it_was_verified_and_drops_a_corrupt_one(
         tmp_path: Path) -> None:
-    src, dst = tmp_path / "src", tmp_path / "dst"
-    rd = make_repo(src)
-    assert helper("build", str(src), REPO, "main").returncode == 0
-    _node_with_manifest(src, dst)
+    src, dst, rd = _head_and_node(tmp_path)
     _tcp_copy(src, dst)
     assert helper("check", str(dst), REPO, COMMIT).stdout.strip() == "complete"
     victim = dst / shard(rd, 2).relative_to(src)
