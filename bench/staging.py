@@ -158,11 +158,18 @@ n = int(sys.argv[2])
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind((sys.argv[1], PORT)); srv.listen(n); print("ready", flush=True)
 total = [0]
-def drain(c):
+out = sys.argv[3] if len(sys.argv) > 3 else ""
+def drain(c, i):
     buf = bytearray(4 << 20)
+    mv = memoryview(buf)
+    f = open(f"{out}/s{i}", "wb") if out else None
     while k := c.recv_into(buf):
         total[0] += k
-ts = [threading.Thread(target=drain, args=(srv.accept()[0],)) for _ in range(n)]
+        if f:
+            f.write(mv[:k])
+    if f:
+        f.close()
+ts = [threading.Thread(target=drain, args=(srv.accept()[0], i)) for i in range(n)]
 [t.start() for t in ts]; [t.join() for t in ts]
 print(total[0], flush=True)
 """.replace("PORT", str(RAW_PORT))
@@ -191,10 +198,15 @@ print(f"{time.monotonic() - t0:.3f}")
 """.replace("PORT", str(RAW_PORT))
 
 
-def _raw_tcp(lab: Lab, streams: int) -> tuple[float | None, str]:
+def _raw_tcp(lab: Lab, streams: int, to_files: bool = False) -> tuple[float | None, str]:
+    """Raw TCP between the same nodes: read and discarded, or written to files on node-2's
+    hfCache filesystem (what any copy must do there)."""
     src, dst = lab.nodes
+    scratch = f"{HF}/bench-raw-tcp"
+    ssh(dst, f"rm -rf {scratch}" + (f" && mkdir -p {scratch}" if to_files else ""))
     recv = subprocess.Popen(keys.ssh_argv(dst.mgmt_ip, f"python3 -c {shlex.quote(RAW_RECV)} "
-                                                       f"{dst.fabric_ip} {streams}"),
+                                                       f"{dst.fabric_ip} {streams}"
+                                                       + (f" {scratch}" if to_files else "")),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert recv.stdout is not None
     if recv.stdout.readline().strip() != "ready":
@@ -203,6 +215,7 @@ def _raw_tcp(lab: Lab, streams: int) -> tuple[float | None, str]:
     res = ssh(src, f"python3 -c {shlex.quote(RAW_SEND)} {dst.fabric_ip} {streams} "
                    f"{REPO_DIR}/blobs", timeout=600)
     out, err = recv.communicate(timeout=120)
+    ssh(dst, f"rm -rf {scratch}")
     if not res.ok:
         return None, res.tail()
     return float(res.out.strip().splitlines()[-1]), ""
@@ -235,6 +248,7 @@ COPY_CONTENDERS = {  # name -> (copyTransport, copyStreams), or a reference
     "rsync 1 stream": None,
     "raw TCP 1": None,
     "raw TCP 2": None,
+    "raw TCP 2 into files": None,
 }
 
 
@@ -252,7 +266,7 @@ def copy_runs(c: SparkVllm, lab: Lab, runs: int) -> list[dict[str, Any]]:
         for who in order:
             step = None
             if who.startswith("raw TCP"):
-                seconds, note = _raw_tcp(lab, int(who.split()[-1]))
+                seconds, note = _raw_tcp(lab, int(who.split()[2]), who.endswith("files"))
             elif who == "rsync 1 stream":
                 seconds, note = _plain(lab)
             else:
@@ -286,7 +300,8 @@ def copy_table(records: list[dict[str, Any]], cpus: int | None = None) -> list[s
            "copy's own seconds (the transfer and node-2's check against the manifest; the "
            "step's total in pulumi, with its SSH sessions, in the last column). rsync: one "
            "`rsync -a` over SSH. raw TCP: the same blobs sent with sendfile over N sockets to a "
-           "reader on node-2 that discards them (no disk, no hashing, no encryption).", "",
+           "reader on node-2 that discards them (no disk, no hashing, no encryption), or "
+           "writes them to files on node-2's hfCache filesystem.", "",
            "| contender | runs ok | median MB/s | range MB/s | step s (median) |",
            "|---|---|---|---|---|"]
     for who, v in rate.items():
@@ -294,13 +309,17 @@ def copy_table(records: list[dict[str, Any]], cpus: int | None = None) -> list[s
         shown = f"{med[who]:.0f}" if med[who] is not None else "–"
         st = f"{statistics.median(steps[who]):.2f}" if steps[who] else "–"
         out.append(f"| {who} | {len(v)} | {shown} | {rng} | {st} |")
-    raw = max((m for w, m in med.items() if w.startswith("raw") and m), default=None)
+    raw = max((m for w, m in med.items() if w in ("raw TCP 1", "raw TCP 2") and m), default=None)
+    files = med.get("raw TCP 2 into files")
     one = med.get("rsync 1 stream")
     tcp, ssh_n = med.get("spark-vllm tcp auto"), med.get("spark-vllm ssh auto")
     out.append("")
     if tcp and raw:
         out.append(f"spark-vllm tcp / raw TCP (the better of 1 and 2 sockets): "
                    f"**{tcp / raw:.2f} ×** (target ≥ 0.8 ×).")
+    if tcp and files:
+        out.append(f"spark-vllm tcp / raw TCP into files on node-2's disk: **{tcp / files:.2f} ×** "
+                   "(what the node's disk leaves: every copy writes there).")
     if tcp and one:
         out.append(f"spark-vllm tcp / one rsync stream: **{tcp / one:.2f} ×** (target ≥ 2 × "
                    "where the cores allow).")

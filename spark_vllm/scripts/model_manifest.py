@@ -369,7 +369,9 @@ def recv(hf: str, manifest: dict[str, Any], ip: str, streams: int) -> None:
     errors: list[str] = []
 
     def serve(conn: socket.socket) -> None:
-        rf = conn.makefile("rb")
+        # unbuffered: a line is read byte by byte (they are short) and a blob's bytes go from
+        # the socket straight into the buffer that is written and hashed (no copy in between)
+        rf = conn.makefile("rb", buffering=0)
         if not hmac.compare_digest(_readline(rf), token):
             raise PermissionError("a connection without the copy's token")
         buf = bytearray(CHUNK)
