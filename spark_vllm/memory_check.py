@@ -41,6 +41,8 @@ def _number(text: str, kind: type) -> Any:
 
 def estimate_flags(spec: ClusterSpec) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    if isinstance(spec.max_model_len, int):
+        out["max_model_len"] = spec.max_model_len
     for flag, (key, kind) in FLAGS.items():
         value = node_memory.flag_value(spec.vllm_args, flag)
         if value is not None:
@@ -55,6 +57,7 @@ def payload(spec: ClusterSpec) -> dict[str, Any]:
     return {"hf": spec.hf_cache, "model": spec.model, "revision": spec.model_revision or "main",
             "tp": spec.tensor_parallel_size, "pp": spec.pipeline_parallel_size,
             "utilization": node_memory.utilization(spec.vllm_args),
+            "autoLength": spec.max_model_len == "auto",
             "flags": estimate_flags(spec),
             "vllmContainer": commands.container_name(spec, commands.VLLM),
             "nodes": [{"name": n.name, "ip": n.identity_ip, "user": n.user, "port": n.port,

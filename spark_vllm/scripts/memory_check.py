@@ -94,7 +94,9 @@ def main(key: str, p: dict[str, Any]) -> int:
             total, free = g.total_mib << 20, g.free_mib << 20
             if held is not None:  # the stack's vLLM, stopped before the new one starts
                 free = min(total, free + int(held * total))
-            f = me.fit(est, total, free, util, p["flags"].get("max_model_len"))
+            # auto: vLLM fits the context at load; what must fit now is one short request
+            f = me.fit(est, total, free, util,
+                       est.len_step if p.get("autoLength") else p["flags"].get("max_model_len"))
             rows.append((node["name"], f))
             report[node["name"]] = {"source": g.source, "total": total, "free": free,
                                     "weights": f.weights, "kvNeeded": f.kv_needed,
@@ -103,14 +105,16 @@ def main(key: str, p: dict[str, Any]) -> int:
     if unreachable:
         print("\n".join(unreachable), file=sys.stderr)
         return 1
-    summary = {"checked": bool(rows), "maxModelLen": est.max_model_len,
+    longest = min((f.max_model_len for _, f in rows), default=0)
+    summary = {"checked": bool(rows),
+               "maxModelLen": longest if p.get("autoLength") and rows else est.max_model_len,
                "weightsPerRank": max(est.weights), "kvPerToken": est.kv_bytes_per_token(),
                "utilization": util, "nodes": report}
     bad = [(n, f) for n, f in rows if not f.ok]
+    asked = "auto" if p.get("autoLength") else est.max_model_len
     if bad:
-        longest = min(f.max_model_len for _, f in rows)
         lines = [f"vLLM would not fit at --gpu-memory-utilization {util} with --max-model-len "
-                 f"{est.max_model_len} (estimated from {p['model']}'s own files, GiB):",
+                 f"{asked} (estimated from {p['model']}'s own files, GiB):",
                  *("  " + line for line in me.table(rows)),
                  *(f"  {n}: {f.reason}" for n, f in bad),
                  (f"The largest --max-model-len that fits on every node: {longest}. Set it in "
@@ -121,10 +125,11 @@ def main(key: str, p: dict[str, Any]) -> int:
         print("\n".join(lines), file=sys.stderr)
         return 1
     for n, f in rows:
+        what = (f"--max-model-len auto: about {f.max_model_len} tokens fit" if p.get("autoLength")
+                else f"KV for {est.max_model_len} tokens {f.kv_needed / 2**30:.2f} GiB")
         print(f"[spark-vllm] memory: {n}: fits: {f.free / 2**30:.1f} GiB free, weights "
-              f"{f.weights / 2**30:.2f} GiB, KV for {est.max_model_len} tokens "
-              f"{f.kv_needed / 2**30:.2f} GiB of {f.kv_available / 2**30:.2f} GiB "
-              f"({f.tokens} tokens)", file=sys.stderr)
+              f"{f.weights / 2**30:.2f} GiB, {what} of {f.kv_available / 2**30:.2f} GiB "
+              f"({f.tokens} tokens in the KV cache)", file=sys.stderr)
     print(json.dumps(summary, sort_keys=True))
     return 0
 

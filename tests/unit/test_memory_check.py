@@ -109,3 +109,32 @@ def test_vllms_size_suffixes_are_read_as_vllm_reads_them() -> None:
                                "--kv-cache-dtype", "fp8"])
     assert memory_check.estimate_flags(spec) == {
         "max_model_len": 32000, "max_num_batched_tokens": 2048, "kv_cache_dtype": "fp8"}
+
+
+def test_max_model_len_auto_leaves_the_fit_to_vllm_and_shows_the_estimate(
+        tmp_path: Path, hf: Path) -> None:
+    spec = spec_from([{"name": "a", "host": "10.0.0.1"}], maxModelLen="auto")
+    from spark_vllm import commands
+    args = commands.vllm_serve_args(spec)
+    assert args[args.index("--max-model-len") + 1] == "auto"  # vLLM >= 0.26 fits it at load
+    with pytest.raises(ValueError, match=r"vllmArgs\[0\]: --max-model-len is set by the program"):
+        spec_from([{"name": "a", "host": "10.0.0.1"}], maxModelLen=4096,
+                  vllmArgs=["--max_model_len=8192"])
+    # the 262144 default does not fit 24 GiB at 0.9; auto does, and says about how much
+    tmp = tmp_path / "auto"
+    tmp.mkdir()
+    spec_auto = spec_from([{"name": "spark-a", "host": "127.0.0.1"}], hfCache=str(hf),
+                          model=MODEL, modelStaging="copy", maxModelLen="auto")
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\necho '24576, 24000'\n")
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 1\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    proc = subprocess.run(["sh", "-c", memory_check.script(spec_auto)],
+                          input=memory_check.stdin(spec_auto, "KEY"), capture_output=True,
+                          text=True, env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp)})
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"--max-model-len auto: about \d+ tokens fit", proc.stderr)
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert 100_000 < summary["maxModelLen"] < 262144
