@@ -209,6 +209,7 @@ def vllm_serve_args(spec: ClusterSpec) -> list[str]:
         *(["--revision", spec.model_revision] if spec.model_revision else []),
         # vLLM's --api-key leaves /invocations open; this closes every route but /health, /ping
         "--middleware", AUTH_MIDDLEWARE,
+        *(["--max-model-len", str(spec.max_model_len)] if spec.max_model_len is not None else []),
         *spec.vllm_args,
     ]
 

@@ -53,18 +53,23 @@ def parse(text: str) -> list[GpuMemory] | None:
     return out or None
 
 
-def utilization(vllm_args: list[str] | tuple[str, ...]) -> float:
-    """--gpu-memory-utilization from vLLM's args (either spelling), else vLLM's default."""
+def flag_value(vllm_args: list[str] | tuple[str, ...], flag: str) -> str | None:
+    """The value of `--flag` in vLLM's args, either spelling (`--a-b` or `--a_b`, `=` or not)."""
     args = list(vllm_args)
+    spellings = (flag, "--" + flag[2:].replace("-", "_"))
     for i, arg in enumerate(args):
         name, eq, value = arg.partition("=")
-        if name in ("--gpu-memory-utilization", "--gpu_memory_utilization"):
-            raw = value if eq else (args[i + 1] if i + 1 < len(args) else "")
-            try:
-                return float(raw)
-            except ValueError:
-                return DEFAULT_UTILIZATION
-    return DEFAULT_UTILIZATION
+        if name in spellings:
+            return value if eq else (args[i + 1] if i + 1 < len(args) else "")
+    return None
+
+
+def utilization(vllm_args: list[str] | tuple[str, ...]) -> float:
+    """--gpu-memory-utilization from vLLM's args, else vLLM's default."""
+    try:
+        return float(flag_value(vllm_args, "--gpu-memory-utilization") or DEFAULT_UTILIZATION)
+    except ValueError:
+        return DEFAULT_UTILIZATION
 
 
 def shortfall(node: str, gpus: list[GpuMemory], util: float) -> str | None:

@@ -16,6 +16,7 @@ from pulumi.runtime import resource as sdk_resource
 
 from . import commands, hostkeys, node_memory, secret_check
 from .image_check import ImageCheck
+from .memory_check import MemoryCheck
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
@@ -131,6 +132,10 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
             spec=spec, nodes=nodes, ssh_private_key=secrets.ssh_private_key,
             hf_token=secrets.hf_token, after=tuple(before)))
         before += staging.done
+    # will vLLM fit, with the weights on the head and each node's free memory now
+    memory = MemoryCheck("memory", spec, nodes, ssh_private_key=secrets.ssh_private_key,
+                         after=list(before))
+    before.append(memory.check)
     cluster = RayCluster("ray", RayClusterArgs(spec=spec, nodes=nodes, hf_token=secrets.hf_token,
                                                after=tuple(before)))
     service = VllmService("vllm", VllmServiceArgs(
@@ -151,6 +156,8 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
                     "gpuMemoryUtilization": node_memory.utilization(spec.vllm_args)},
         # what the nodes hold: the model's commit, files, bytes and manifest digest
         "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
+        # the memory admission: the estimate per rank and each node's numbers when checked
+        "memory": memory.summary,
         # how to reach each node and what runs there: `spark-vllm status` reads it
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,

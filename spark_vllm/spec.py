@@ -170,6 +170,10 @@ class _Settings(_Strict):
     # raw TCP over the fabric (unencrypted, authenticated per copy, for a private link)
     copy_streams: int | Literal["auto"] = "auto"
     copy_transport: Literal["ssh", "tcp"] = "ssh"
+    # vLLM's --max-model-len, checked by the memory admission before any container: a number,
+    # or auto (vLLM >= 0.26 fits the longest context its KV cache holds at load time, and the
+    # admission shows the estimate); unset: vllmArgs' --max-model-len, else the model's own
+    max_model_len: int | Literal["auto"] | None = None
 
     @field_validator("env", mode="before")
     @classmethod
@@ -356,8 +360,14 @@ def _settings_problems(s: _Settings) -> list[str]:
         out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
                    f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
                    "path or a model the nodes already have")
+    if isinstance(s.max_model_len, int) and not 16 <= s.max_model_len <= 10**8:
+        out.append(f"maxModelLen: {s.max_model_len} is not a context length (16 or more)")
     for j, arg in enumerate(s.vllm_args):
         spelled = arg.split("=", 1)[0]
+        if s.max_model_len is not None and \
+                spelled.replace("_", "-") in ("--max-model-len", "--max-model"):
+            out.append(f"vllmArgs[{j}]: --max-model-len is set by the program from maxModelLen "
+                       "(remove one of them)")
         for flag in owned_vllm_flags(arg):
             read_as = "" if flag == spelled else f" (vLLM reads {spelled} as {flag})"
             out.append(f"vllmArgs[{j}]: {flag} is set by the program from "

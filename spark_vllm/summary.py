@@ -44,8 +44,9 @@ COMPLETE = "complete"  # liveness.py COMPLETE (a staged model)
 
 PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "gate", "vLLM"
 IMAGES, MODEL, COPY = "image check", "model", "model copy"  # image_check.py, staging.py
-ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, HEAD, WORKER, GATE, VLLM)
-CHECKS = (PREFLIGHT, IMAGES, GATE)  # run again, start nothing
+MEMORY = "memory check"  # memory_check.py
+ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, HEAD, WORKER, GATE, VLLM)
+CHECKS = (PREFLIGHT, IMAGES, MEMORY, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
 # pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
 _ACTION = {
@@ -234,7 +235,8 @@ def _role(name: str) -> tuple[str, str | None] | None:
     if name.startswith("model-copy-"):
         return COPY, name.removeprefix("model-copy-")
     return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
-            "image-check": (IMAGES, None), "model-stage": (MODEL, None)}.get(name)
+            "image-check": (IMAGES, None), "model-stage": (MODEL, None),
+            "memory-check": (MEMORY, None)}.get(name)
 
 
 def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | None,
@@ -246,7 +248,7 @@ def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | No
     dicts = [t if isinstance(t, dict) else None for t in triggers]
     if role == GATE:
         return {}, (dicts[0] or {}) if dicts else {}
-    if role == IMAGES:
+    if role in (IMAGES, MEMORY):
         return (dicts[0] if dicts else None), {}
     facts = dicts[0] if dicts else None
     links = dicts[1] if len(dicts) > 1 and dicts[1] is not None else {}
@@ -369,8 +371,10 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
     if dead and not died:
         died.append(f"{seen} {dead}")
     causes = [*died, *fact_causes(old_facts, new_facts)]
-    if "stdin" in res.changed and role != IMAGES:
+    if "stdin" in res.changed and role not in (IMAGES, MEMORY):
         causes.append(SECRET_STDIN)
+    elif "stdin" in res.changed and not causes and role == MEMORY:  # the key, its program
+        causes.append("its program (an upgrade of spark-vllm) or the SSH key changed")
     elif "stdin" in res.changed and not causes:  # the image check's: the key, where nodes are
         causes.append("a node's address, user or host key changed")
     if "connection" in res.changed and not any(c.startswith("host:") for c in causes):
@@ -400,6 +404,8 @@ def consequence(role: str, action: str) -> str:
     if role == COPY:
         return {KEEP: "", CREATE: COPIED, REPLACE: COPIED, DELETE: WEIGHTS_STAY,
                 UPDATE: "nothing runs"}[action]
+    if role == MEMORY and action in (CREATE, REPLACE):
+        return "vLLM's memory is estimated again against each node's free memory, first"
     return "" if action == KEEP else "nothing runs (a check)"
 
 
@@ -468,7 +474,7 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     rows: list[Row] = []
     for (node, role), res in found.items():
         action = res.action if res else KEEP
-        if role in (PREFLIGHT, IMAGES, MODEL, COPY) and action == KEEP:
+        if role in (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY) and action == KEEP:
             continue  # a kept check, or weights that stay where they are, say nothing
         causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
                            actions[node] == {CREATE}) if res else ()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.integration.conftest import API_KEY, _teardown, start_lab
-from tests.integration.engine import REPO, STACK, Lab, Run, engine_env, node_sh
+from tests.integration.engine import REPO, STACK, Lab, Run, containers, engine_env, node_sh
 from tests.integration.test_day2 import HEAD, VLLM, WORKER, by_role, by_role_loose, status
 from tests.integration.test_lifecycle import assert_serving, lab_identities, ok
 
@@ -217,3 +218,36 @@ def test_5_the_watcher_stops_after_max_repairs_in_its_window_and_says_why(lab: L
     assert_serving(lab, lab_identities())
 
 
+
+
+def test_6_a_context_that_cannot_fit_is_refused_before_any_container_and_one_that_fits_serves(
+        lab: Lab) -> None:
+    """The lab declares each node's GPU memory (a simulated nvidia-smi: 12 GiB, all free). The
+    lab model's config (Qwen3-MoE shape: 48 full-attention layers, 4 KV heads of 128) at TP 2
+    needs 48 KiB of KV per token per rank: its default 262144-token context wants 12 GiB per
+    rank, more than 0.9 x 12 GiB leaves. Refused from a clean slate with the table and the
+    longest context that fits; that context serves."""
+    ok(lab.destroy())
+    args = lab.get("vllmArgs")
+    for node in ("node-1", "node-2"):
+        lab_cmd("gpu-memory", node, "--total-gib", "12", "--free-gib", "12")
+    try:
+        run = lab.up()
+        assert run.error is not None
+        text = run.error + "\n".join(run.output)
+        assert "vLLM would not fit at --gpu-memory-utilization 0.9 with --max-model-len 262144" \
+            in text, text[-3000:]
+        assert re.search(r"node-2 +\| +12\.00 \| +[\d.]+ \| +12\.00 \| +-[\d.]+", text), text
+        longest = int(re.search(r"fits on every node: (\d+)\.", text)[1])  # type: ignore[index]
+        assert 65536 < longest < 262144
+        assert containers(["node-1", "node-2"]) == []  # no container on any node
+        lab.set("vllmArgs", [*args, "--max-model-len", str(longest)])
+        fits = ok(lab.up())
+        assert re.search(r"memory: node-2: fits: 12\.0 GiB free", "\n".join(fits.output))
+        summary = lab.outputs()["memory"]
+        assert summary["checked"] and summary["maxModelLen"] == longest
+        assert_serving(lab, lab_identities())
+    finally:
+        for node in ("node-1", "node-2"):
+            lab_cmd("gpu-memory", node, "--clear")
+        lab.set("vllmArgs", args)

@@ -43,7 +43,7 @@ def test_graph_shape(n: int) -> None:
     commands = sorted(name for name, r in g.items() if r.type == CMD)
     expected = sorted([f"node-{i}-preflight" for i in range(1, n + 1)]
                       + [f"ray-worker-node-{i}" for i in range(2, n + 1)] + list(CONTAINERS)
-                      + ["image-check", "model-stage"]
+                      + ["image-check", "memory-check", "model-stage"]
                       + [f"model-copy-node-{i}" for i in range(2, n + 1)])
     assert commands == expected
     assert {g[f"node-{i}"].type for i in range(1, n + 1)} == {"spark-vllm:node:SparkNode"}
@@ -57,6 +57,21 @@ def test_every_command_is_replaced_never_mutated(n: int) -> None:
         if r.type == CMD:
             assert r.delete_before_replace, name
             assert "*" in r.replace_on_changes, name
+
+
+def test_the_memory_check_runs_after_the_staging_before_any_container_and_restarts_nothing(
+        ) -> None:
+    g = graph(2)
+    check = g["memory-check"]
+    assert {g["model-stage"].urn, g["model-copy-node-2"].urn, g["node-1-preflight"].urn,
+            g["node-2-preflight"].urn} <= set(check.dependencies)
+    assert check.urn in g["ray-head"].dependencies
+    for name in ("ray-head", "ray-worker-node-2", "ray-gate", "vllm-serve"):
+        deps = {u for urns in g[name].property_dependencies.values() for u in urns}
+        assert check.urn not in deps, name  # in no container's triggers
+    # it re-runs when what it estimates changes: the layout and vLLM's memory flags
+    facts = check.plain("triggers")[0]
+    assert (facts["tp"], facts["utilization"], facts["model"]) == (2, 0.9, "org/model")
 
 
 def test_a_new_gate_program_alone_restarts_nothing() -> None:

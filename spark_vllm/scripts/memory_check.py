@@ -1,0 +1,138 @@
+"""spark-vllm's memory admission, run on the head with its python3 (stdlib only) after the
+model is staged and before any container starts: `python3 PROGRAM KEYFILE`, the program
+preceded by `PAYLOAD = {…}` (the layout, vLLM's memory flags, how the head reaches each node)
+and `HELPERS = {…}` (the sources of spark_vllm/memory_estimate.py, node_memory.py and
+scripts/image_check.py, whose code it runs rather than repeats).
+
+Reads the model's own files in the head's hfCache (config.json, the safetensors headers),
+estimates what each rank holds (memory_estimate.estimate), asks every node now how much GPU
+memory is free (node_memory.SCRIPT: nvidia-smi, or MemAvailable on unified memory; a node
+without nvidia-smi is not checked), and refuses, with a per-node table and the largest
+--max-model-len that fits, what vLLM would refuse minutes into its load. The stack's own
+running vLLM holds `--gpu-memory-utilization` x total on every node until the replacement
+stops it: that is counted as free. Prints one JSON line: the estimate and each node's numbers.
+(No `from __future__` import: the PAYLOAD line comes first.)
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import types
+from typing import Any
+
+
+def load(name: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod  # dataclasses look their module up
+    exec(compile(globals()["HELPERS"][name], f"{name}.py", "exec"), mod.__dict__)
+    return mod
+
+
+def node_memory_of(ssh: Any, key: str, tmp: str, node: dict[str, Any], script: str,
+                   local: bool) -> tuple[str, str]:
+    """("ok", the script's output) or ("unreachable", why)."""
+    argv = ["sh", "-c", script] if local else ssh.ssh_argv(key, tmp, node, script)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "unreachable", "no answer within 60 s"
+    if proc.returncode != 0:
+        return "unreachable", (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    return "ok", proc.stdout
+
+
+def running_utilization(container: str, default: float, nm: Any) -> float | None:
+    """--gpu-memory-utilization of the stack's vLLM when it runs now (None: it does not)."""
+    proc = subprocess.run(["docker", "inspect", "--format",
+                           "{{.State.Running}} {{json .Args}}", container],
+                          capture_output=True, text=True)
+    running, _, args = proc.stdout.strip().partition(" ")
+    if proc.returncode != 0 or running != "true":
+        return None
+    try:
+        return float(nm.flag_value(json.loads(args), "--gpu-memory-utilization") or default)
+    except ValueError:
+        return default
+
+
+def main(key: str, p: dict[str, Any]) -> int:
+    me, nm, ssh = load("memory_estimate"), load("node_memory"), load("image_check")
+    snapshot = os.path.join(p["hf"], "hub", "models--" + p["model"].replace("/", "--"),
+                            "snapshots")
+    try:
+        with open(os.path.join(os.path.dirname(snapshot), "refs", p["revision"])) as f:
+            commit = f.read().strip()
+    except OSError:
+        commit = p["revision"]
+    try:
+        model = me.read_model(os.path.join(snapshot, commit))
+        est = me.estimate(model, p["tp"], p["pp"], **p["flags"])
+    except (OSError, ValueError, KeyError) as err:
+        print(f"[spark-vllm] memory: not checked: cannot read {p['model']} in {p['hf']} on the "
+              f"head ({type(err).__name__}: {err})", file=sys.stderr)
+        print(json.dumps({"checked": False, "why": str(err)}))
+        return 0
+    util = p["utilization"]
+    held = running_utilization(p["vllmContainer"], nm.DEFAULT_UTILIZATION, nm)
+    rows: list[Any] = []
+    unreachable: list[str] = []
+    report: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, node in enumerate(p["nodes"]):
+            state, out = node_memory_of(ssh, key, tmp, node, nm.SCRIPT, local=i == 0)
+            if state != "ok":
+                unreachable.append(f"the head cannot reach {node['name']} at {node['ip']} to "
+                                   f"read its free memory: {out}")
+                continue
+            gpus = nm.parse(out)
+            if gpus is None:
+                report[node["name"]] = "not checked (no nvidia-smi)"
+                continue
+            g = min(gpus, key=lambda g: g.free_mib)
+            total, free = g.total_mib << 20, g.free_mib << 20
+            if held is not None:  # the stack's vLLM, stopped before the new one starts
+                free = min(total, free + int(held * total))
+            # auto: vLLM fits the context at load; what must fit now is one short request
+            f = me.fit(est, total, free, util,
+                       est.len_step if p.get("autoLength") else p["flags"].get("max_model_len"))
+            rows.append((node["name"], f))
+            report[node["name"]] = {"source": g.source, "total": total, "free": free,
+                                    "weights": f.weights, "kvNeeded": f.kv_needed,
+                                    "kvAvailable": f.kv_available, "left": f.left,
+                                    "maxModelLen": f.max_model_len, "tokens": f.tokens}
+    if unreachable:
+        print("\n".join(unreachable), file=sys.stderr)
+        return 1
+    longest = min((f.max_model_len for _, f in rows), default=0)
+    summary = {"checked": bool(rows),
+               "maxModelLen": longest if p.get("autoLength") and rows else est.max_model_len,
+               "weightsPerRank": max(est.weights), "kvPerToken": est.kv_bytes_per_token(),
+               "utilization": util, "nodes": report}
+    bad = [(n, f) for n, f in rows if not f.ok]
+    asked = "auto" if p.get("autoLength") else est.max_model_len
+    if bad:
+        lines = [f"vLLM would not fit at --gpu-memory-utilization {util} with --max-model-len "
+                 f"{asked} (estimated from {p['model']}'s own files, GiB):",
+                 *("  " + line for line in me.table(rows)),
+                 *(f"  {n}: {f.reason}" for n, f in bad),
+                 (f"The largest --max-model-len that fits on every node: {longest}. Set it in "
+                  "vllmArgs (or maxModelLen: auto), raise --gpu-memory-utilization, or free "
+                  "memory on the node." if longest else
+                  "Nothing fits: free memory on the node, raise --gpu-memory-utilization, or "
+                  "spread the model over more ranks.")]
+        print("\n".join(lines), file=sys.stderr)
+        return 1
+    for n, f in rows:
+        what = (f"--max-model-len auto: about {f.max_model_len} tokens fit" if p.get("autoLength")
+                else f"KV for {est.max_model_len} tokens {f.kv_needed / 2**30:.2f} GiB")
+        print(f"[spark-vllm] memory: {n}: fits: {f.free / 2**30:.1f} GiB free, weights "
+              f"{f.weights / 2**30:.2f} GiB, {what} of {f.kv_available / 2**30:.2f} GiB "
+              f"({f.tokens} tokens in the KV cache)", file=sys.stderr)
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], json.loads(globals()["PAYLOAD"])))
