@@ -80,7 +80,7 @@ def stdin(spec: ClusterSpec, ssh_private_key: str) -> str:
 def script(spec: ClusterSpec) -> str:
     """`create` of the check (on the head): stdin = the SSH key, then the program."""
     return "\n".join([
-        *commands._staging_prelude(spec, spec.head, "memory", "key", env=False),
+        *commands._staging_prelude(spec, spec.head, "memory check", "key", env=False),
         'python3 "$work"/m.py "$work"/key',
     ]) + "\n"
 
