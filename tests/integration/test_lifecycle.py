@@ -207,8 +207,8 @@ def test_4_identity_change_moves_the_head(lab2: Lab) -> None:
     since = time.time()
     run = ok(lab2.up())
     until = time.time()
-    # the image check asks the nodes at their identity: it runs again, and passes
-    assert set(run.changed()) == {*CHAIN, "node-1-preflight", "image-check"}
+    # the image and memory checks ask the nodes at their identity: they run again, and pass
+    assert set(run.changed()) == {*CHAIN, "node-1-preflight", "image-check", "memory-check"}
     assert_ordered_replacement(run, before, since, until, CHAIN)
     identities = {**lab_identities(), "node-1": head.spare_ip}
     assert_serving(lab2, identities)
@@ -221,7 +221,8 @@ def test_5_vllm_only_change_keeps_ray(lab2: Lab) -> None:
     lab2.set("vllmArgs", ["--max-model-len", "4096"])
     before = containers(NODES)
     run = ok(lab2.up())
-    assert set(run.changed()) == {"vllm-serve"}
+    # the memory check runs again (vLLM's --max-model-len changed) and starts nothing
+    assert set(run.changed()) == {"vllm-serve", "memory-check"}
     after = containers(NODES)
     ray_before = {c.id: c.started for c in before if c.role in RAY_ROLES}
     ray_after = {c.id: c.started for c in after if c.role in RAY_ROLES}
