@@ -364,8 +364,7 @@ def _settings_problems(s: _Settings) -> list[str]:
         out.append(f"maxModelLen: {s.max_model_len} is not a context length (16 or more)")
     for j, arg in enumerate(s.vllm_args):
         spelled = arg.split("=", 1)[0]
-        if s.max_model_len is not None and \
-                spelled.replace("_", "-") in ("--max-model-len", "--max-model"):
+        if s.max_model_len is not None and owned_vllm_flags(arg, ("--max-model-len",)):
             out.append(f"vllmArgs[{j}]: --max-model-len is set by the program from maxModelLen "
                        "(remove one of them)")
         for flag in owned_vllm_flags(arg):
@@ -375,7 +374,7 @@ def _settings_problems(s: _Settings) -> list[str]:
     return out
 
 
-def owned_vllm_flags(arg: str) -> list[str]:
+def owned_vllm_flags(arg: str, owned: Sequence[str] = tuple(OWNED_VLLM_FLAGS)) -> list[str]:
     """The program-owned flags `arg` may stand for, as `vllm serve` parses it.
 
     vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) reads `_` as `-` in a long
@@ -386,11 +385,11 @@ def owned_vllm_flags(arg: str) -> list[str]:
     """
     name = arg.split("=", 1)[0]
     if not name.startswith("--"):
-        return [name] if name in OWNED_VLLM_FLAGS else []
+        return [name] if name in owned else []
     name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
     if name == "--":
         return []
-    return [f for f in OWNED_VLLM_FLAGS if f.startswith("--") and f.startswith(name)]
+    return [f for f in owned if f.startswith("--") and f.startswith(name)]
 
 
 def parse_spec(

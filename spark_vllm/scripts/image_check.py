@@ -37,13 +37,21 @@ def ssh_argv(key: str, tmp: str, node: dict[str, Any], remote: str) -> list[str]
     return ["ssh", *opts, f"{node['user']}@{node['ip']}", remote]
 
 
-def ask(key: str, tmp: str, node: dict[str, Any], image: str, local: bool) -> tuple[str, str]:
-    """(image id, registry digests) on `node`; ("missing", why) or ("unreachable", why)."""
-    remote = INSPECT + "'" + image.replace("'", "'\\''") + "'"
+def run_on(key: str, tmp: str, node: dict[str, Any], remote: str,
+           local: bool) -> subprocess.CompletedProcess[str] | None:
+    """`remote` (sh) on the head itself, or on `node` over SSH; None: no answer within 60 s.
+    (scripts/memory_check.py runs this too.)"""
     argv = ["sh", "-c", remote] if local else ssh_argv(key, tmp, node, remote)
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60)
     except subprocess.TimeoutExpired:
+        return None
+
+
+def ask(key: str, tmp: str, node: dict[str, Any], image: str, local: bool) -> tuple[str, str]:
+    """(image id, registry digests) on `node`; ("missing", why) or ("unreachable", why)."""
+    proc = run_on(key, tmp, node, INSPECT + "'" + image.replace("'", "'\\''") + "'", local)
+    if proc is None:
         return "unreachable", "no answer within 60 s"
     if proc.returncode == 255 and not local:
         return "unreachable", proc.stderr.strip().splitlines()[-1:][0] if proc.stderr else ""

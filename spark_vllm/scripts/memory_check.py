@@ -33,10 +33,8 @@ def load(name: str) -> types.ModuleType:
 def node_memory_of(ssh: Any, key: str, tmp: str, node: dict[str, Any], script: str,
                    local: bool) -> tuple[str, str]:
     """("ok", the script's output) or ("unreachable", why)."""
-    argv = ["sh", "-c", script] if local else ssh.ssh_argv(key, tmp, node, script)
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    except subprocess.TimeoutExpired:
+    proc = ssh.run_on(key, tmp, node, script, local)
+    if proc is None:
         return "unreachable", "no answer within 60 s"
     if proc.returncode != 0:
         return "unreachable", (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]

@@ -144,11 +144,17 @@ class Progress:
                 f"ETA {eta:.0f} s")
 
 
+def blob_hash(name: str, size: int) -> Any:
+    """The hash a blob's name is: git's blob sha1 (40 hex, size-prefixed) or sha256 (LFS)."""
+    if _HEX40.match(name):
+        h = hashlib.sha1()
+        h.update(b"blob %d\0" % size)
+        return h
+    return hashlib.sha256()
+
+
 def _hash_blob(path: str, name: str, progress: Progress) -> str:
-    git = _HEX40.match(name) is not None
-    h = hashlib.sha1() if git else hashlib.sha256()
-    if git:
-        h.update(b"blob %d\0" % os.stat(path).st_size)
+    h = blob_hash(name, os.stat(path).st_size)
     with open(path, "rb") as f:
         while chunk := f.read(8 << 20):
             h.update(chunk)
@@ -159,13 +165,7 @@ def _hash_blob(path: str, name: str, progress: Progress) -> str:
 def build(hf: str, repo: str, rev: str) -> dict[str, Any]:
     commit = resolve(hf, repo, rev)
     files = snapshot_files(hf, repo, commit)
-    cache_file = os.path.join(hf, "spark-vllm", "hashes",
-                              f"models--{repo.replace('/', '--')}.json")
-    try:
-        with open(cache_file) as f:
-            seen = json.load(f)
-    except (OSError, ValueError):
-        seen = {}
+    seen = read_verified(hf, repo) or {}
     todo = []
     for e in {e["blob"]: e for e in files}.values():
         st = os.stat(os.path.join(hf, e["blob"]))
@@ -180,7 +180,7 @@ def build(hf: str, repo: str, rev: str) -> dict[str, Any]:
                 raise SystemExit(f"{blob} is corrupt: its content hashes to {got}; delete it "
                                  "and let spark-vllm fetch the model again")
         seen[blob] = [st.st_size, st.st_mtime_ns]
-    _write_json(cache_file, seen)
+    _write_json(verified_path(hf, repo), seen)
     manifest = {"repo": repo, "revision": rev, "commit": commit, "files": files,
                 "bytes": sum(e["size"] for e in files)}
     text = json.dumps(manifest, sort_keys=True, indent=1) + "\n"
@@ -397,9 +397,7 @@ def recv(hf: str, manifest: dict[str, Any], ip: str, streams: int) -> None:
                 have = 0
             conn.sendall(b"%d\n" % have)
             name = os.path.basename(blob)
-            h = hashlib.sha1() if _HEX40.match(name) else hashlib.sha256()
-            if _HEX40.match(name):
-                h.update(b"blob %d\0" % blobs[blob])
+            h = blob_hash(name, blobs[blob])
             with open(part, "ab+") as f:
                 f.seek(0)
                 while chunk := f.read(CHUNK):
