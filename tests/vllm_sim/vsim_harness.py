@@ -102,10 +102,19 @@ def _has_ray_client() -> bool:
     return get_ray_client_dependency_error() is None
 
 
+_ISSUED_PORTS: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now and never handed out before in this run: the kernel may give the same
+    just-released port to two binds in a row, and Ray refuses two components on one port."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ISSUED_PORTS:
+            _ISSUED_PORTS.add(port)
+            return port
 
 
 _CACHE_ROOT = tempfile.mkdtemp(prefix="vsim-cache-")
