@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pulumi
 
-from . import commands
+from . import staging_commands
 from .node import SparkNode, node_command
 from .spec import ClusterSpec
 
@@ -28,9 +28,9 @@ class ImageCheck(pulumi.ComponentResource):
         super().__init__("spark-vllm:image:ImageCheck", name, None, opts)
         self.check = node_command(
             f"{name}-check", self, nodes[0],
-            create=commands.image_check_script(spec),
+            create=staging_commands.image_check_script(spec),
             stdin=pulumi.Output.secret(ssh_private_key).apply(
-                lambda key: commands.image_check_stdin(spec, key)),
+                lambda key: staging_commands.image_check_stdin(spec, key)),
             # runs again when what it compares or where it asks changes (not on the
             # preflights' outputs: a node added would show every id as unknown in a preview)
             triggers=[{"image": spec.image, "imagePull": spec.image_pull,

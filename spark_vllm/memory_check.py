@@ -18,7 +18,7 @@ from typing import Any
 
 import pulumi
 
-from . import commands, node_memory
+from . import commands, node_memory, staging_commands
 from .node import SparkNode, node_command
 from .spec import ClusterSpec
 
@@ -72,7 +72,7 @@ def stdin(spec: ClusterSpec, ssh_private_key: str) -> str:
     helpers = {"memory_estimate": _source("memory_estimate.py"),
                "node_memory": _source("node_memory.py"),
                "image_check": _source("scripts", "image_check.py")}
-    return commands.staging_stdin(
+    return staging_commands.staging_stdin(
         ssh_private_key, "memory_check.py",
         f"PAYLOAD = {json.dumps(payload(spec), sort_keys=True)!r}\nHELPERS = {helpers!r}\n")
 
@@ -80,7 +80,7 @@ def stdin(spec: ClusterSpec, ssh_private_key: str) -> str:
 def script(spec: ClusterSpec) -> str:
     """`create` of the check (on the head): stdin = the SSH key, then the program."""
     return "\n".join([
-        *commands._staging_prelude(spec, spec.head, "memory check", "key", env=False),
+        *staging_commands._staging_prelude(spec, spec.head, "memory check", "key", env=False),
         'python3 "$work"/m.py "$work"/key',
     ]) + "\n"
 

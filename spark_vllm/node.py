@@ -8,7 +8,7 @@ from typing import Any
 import pulumi
 from pulumi_command import remote
 
-from . import commands
+from . import commands, preflight_commands
 from .liveness import ContainerLiveness
 from .spec import ClusterSpec, NodeSpec
 
@@ -43,7 +43,7 @@ class SparkNode(pulumi.ComponentResource):
         )
         self.preflight = node_command(
             f"{name}-preflight", self, self,
-            create=commands.preflight_script(spec, node),
+            create=preflight_commands.preflight_script(spec, node),
             # plain facts for a reviewer: the connection itself shows only [secret]
             triggers=[{"host": node.host, "identityIp": node.identity_ip, "image": spec.image,
                        "imagePull": spec.image_pull,

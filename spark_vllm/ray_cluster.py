@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pulumi
 
 from . import commands
+from .backends import ray
 from .node import SparkNode, container_command, env_facts, node_command
 from .spec import ClusterSpec
 
@@ -41,8 +42,7 @@ class RayCluster(pulumi.ComponentResource):
 
         self.head = container_command(
             f"{name}-head", self, head_node, spec, commands.HEAD,
-            create=commands.start_script(spec, spec.head, commands.HEAD,
-                                         commands.head_run_argv(spec)),
+            create=ray.head_start_script(spec),
             delete=commands.remove_script(spec, spec.head, commands.HEAD),
             stdin=_env_file(commands.HEAD, args.hf_token),
             facts={**env_facts(spec, spec.head), "rayPort": spec.ray_port},
@@ -52,8 +52,7 @@ class RayCluster(pulumi.ComponentResource):
         self.workers = [
             container_command(
                 f"{name}-worker-{n.node.name}", self, n, spec, commands.WORKER,
-                create=commands.start_script(spec, n.node, commands.WORKER,
-                                             commands.worker_run_argv(spec, n.node)),
+                create=ray.worker_start_script(spec, n.node),
                 delete=commands.remove_script(spec, n.node, commands.WORKER),
                 stdin=_env_file(commands.WORKER, args.hf_token),
                 facts=env_facts(spec, n.node),
@@ -66,8 +65,8 @@ class RayCluster(pulumi.ComponentResource):
         self.gate = node_command(
             f"{name}-gate", self, head_node,
             create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
-                lambda reports: commands.gate_script(spec, [r.strip() for r in reports])),
-            stdin=commands.gate_program(),
+                lambda reports: ray.gate_script(spec, [r.strip() for r in reports])),
+            stdin=ray.gate_program(),
             # the program runs only at create; a newer one (an upgrade of spark-vllm) must not
             # replace a passed gate, and with it vLLM, whose triggers hold the gate's id
             ignore_changes=["stdin"],

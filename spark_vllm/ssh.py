@@ -39,7 +39,7 @@ class Target:
 def options(key: str, port: int, host_key: str | None, known_hosts: str) -> list[str]:
     """OpenSSH's options for a node: this key only, no agent or config, bounded dial,
     keepalives, and the pinned host key (in `known_hosts`) or none. Also what the head uses to
-    reach the other nodes (commands.copy_script), with paths of the node's shell."""
+    reach the other nodes (staging_commands.copy_script), with paths of the node's shell."""
     opts = [
         "-F", "/dev/null", "-i", key, "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
         "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",

@@ -25,7 +25,7 @@ from typing import Any
 
 import pulumi
 
-from . import commands
+from . import commands, staging_commands
 from .liveness import ModelLiveness
 from .node import SparkNode, node_command
 from .spec import ClusterSpec
@@ -53,13 +53,13 @@ class ModelStaging(pulumi.ComponentResource):
         what = {"model": spec.model, "revision": rev, "hfCache": spec.hf_cache}
         head_live = ModelLiveness(f"{name}-stage-liveness", node=head, hf_cache=spec.hf_cache,
                                   model=spec.model, commit=rev, parent=self)
-        download = ({"image": spec.image, "downloadEnv": commands.download_env(spec)}
+        download = ({"image": spec.image, "downloadEnv": staging_commands.download_env(spec)}
                     if spec.model_staging == "download" else {})
         self.stage = node_command(
             f"{name}-stage", self, head,
-            create=commands.stage_script(spec),
+            create=staging_commands.stage_script(spec),
             stdin=_secret_stdin(args.hf_token, lambda tok: commands.secret_env_file(
-                commands.MODEL_ROLE, tok, None)),
+                staging_commands.MODEL_ROLE, tok, None)),
             triggers=[{"node": head.node.name, "host": head.node.host, **what,
                        "modelStaging": spec.model_staging, **download},
                       {"liveness": head_live.id}],
@@ -77,7 +77,7 @@ class ModelStaging(pulumi.ComponentResource):
                                  parent=self)
             self.copies.append(node_command(
                 f"{name}-copy-{n.node.name}", self, head,
-                create=commands.copy_script(spec, n.node),
+                create=staging_commands.copy_script(spec, n.node),
                 stdin=_secret_stdin(args.ssh_private_key, _as_is),
                 triggers=[{"node": n.node.name, "to": n.node.identity_ip, **what},
                           {"headCopy": head_live.id, "liveness": live.id}],
@@ -94,5 +94,5 @@ def _as_is(key: str | None) -> str:
 def _secret_stdin(value: pulumi.Input[str] | None, secret_part: Any) -> pulumi.Output[str]:
     """The staging helper behind a secret (the env-file with HF_TOKEN, or the SSH key)."""
     if value is None:
-        return pulumi.Output.from_input(commands.staging_stdin(secret_part(None)))
-    return pulumi.Output.secret(value).apply(lambda v: commands.staging_stdin(secret_part(v)))
+        return pulumi.Output.from_input(staging_commands.staging_stdin(secret_part(None)))
+    return pulumi.Output.secret(value).apply(lambda v: staging_commands.staging_stdin(secret_part(v)))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import pulumi
 
 from . import commands
+from .backends import ray
 from .node import SparkNode, container_command, env_facts
 from .ray_cluster import RayCluster
 from .spec import ClusterSpec
@@ -36,8 +37,7 @@ class VllmService(pulumi.ComponentResource):
                 lambda v: commands.vllm_stdin(v[0], v[1])))
         self.serve = container_command(
             f"{name}-serve", self, args.head, spec, commands.VLLM,
-            create=commands.start_script(spec, spec.head, commands.VLLM,
-                                         commands.vllm_run_argv(spec)),
+            create=ray.vllm_start_script(spec),
             delete=commands.remove_script(spec, spec.head, commands.VLLM),
             stdin=stdin,
             # the gate's id changes whenever the gate is replaced, i.e. whenever any Ray

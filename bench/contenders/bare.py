@@ -25,6 +25,7 @@ import yaml
 from bench.common import LOG_DIR, Lab, Node, Result, on_nodes, ssh
 from bench.contenders import Contender, Outcome
 from spark_vllm import commands
+from spark_vllm.backends import ray as ray_backend
 from spark_vllm.spec import NAMESPACE, ClusterSpec, decode_config, parse_spec
 
 STACK_NAME = "bare"  # container names spark-vllm-bare-*: never the program's own
@@ -60,7 +61,7 @@ def _bare_argv(argv: list[str]) -> list[str]:
 def _run_and_wait(argv: list[str], name: str, timeout: float) -> str:
     """docker run, then wait for Ray's start line in its log: the only wait the floor needs.
     The deadline only keeps an abandoned loop from outliving the bench on the node."""
-    mark = shlex.quote(commands.RAY_STARTED_MARK)
+    mark = shlex.quote(ray_backend.RAY_STARTED_MARK)
     return (f"{shlex.join(_bare_argv(argv))} >/dev/null && "
             f"end=$(( $(date +%s) + {int(timeout)} )) && "
             f"until docker logs {shlex.quote(name)} 2>&1 | grep -q {mark}; do "
@@ -98,7 +99,7 @@ class Bare(Contender):
     def _start_ray(self, timeout: float) -> Result | None:
         """Head, then all workers at once; the failed Result, or None when all started."""
         spec = self.spec()
-        head = ssh(self.lab.head, _run_and_wait(commands.head_run_argv(spec),
+        head = ssh(self.lab.head, _run_and_wait(ray_backend.head_run_argv(spec),
                                                 commands.container_name(spec, commands.HEAD),
                                                 timeout),
                    timeout=timeout + 5, log=self.log)
@@ -109,14 +110,14 @@ class Bare(Contender):
         name = commands.container_name(spec, commands.WORKER)
         left = max(1.0, timeout - head.seconds)
         for res in on_nodes(workers, lambda n: _run_and_wait(
-                commands.worker_run_argv(spec, by_name[n.name]), name, left),
+                ray_backend.worker_run_argv(spec, by_name[n.name]), name, left),
                 timeout=left + 5, log=self.log):
             if not res.ok:
                 return res
         return None
 
     def _start_vllm(self) -> Result:
-        argv = _bare_argv(commands.vllm_run_argv(self.spec()))
+        argv = _bare_argv(ray_backend.vllm_run_argv(self.spec()))
         return ssh(self.lab.head, f"{shlex.join(argv)} >/dev/null", log=self.log)
 
     def up(self) -> Outcome:

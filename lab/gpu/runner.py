@@ -36,8 +36,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from spark_vllm import commands  # noqa: E402
+from spark_vllm import commands, staging_commands  # noqa: E402
 from spark_vllm import spec as specmod  # noqa: E402
+from spark_vllm.backends import ray as ray_backend  # noqa: E402
 
 IMAGE = "spark-vllm-gpu-tier:local"  # recorded only: the machine is the image (docker_shim)
 HF_TOKEN = "hf_observation_not_a_real_token"
@@ -173,21 +174,19 @@ class Tier:
         return specmod.parse_spec(raw, stack, SECRETS)
 
     def head_up(self, spec: specmod.ClusterSpec) -> dict:
-        return self.sh(commands.start_script(spec, spec.head, commands.HEAD,
-                                             commands.head_run_argv(spec)),
+        return self.sh(ray_backend.head_start_script(spec),
                        commands.secret_env_file(commands.HEAD, HF_TOKEN, API_KEY))
 
     def gate(self, spec: specmod.ClusterSpec) -> dict:
-        return self.sh(commands.gate_script(spec, [json.dumps(self.preflight_report())]),
-                       commands.gate_program())
+        return self.sh(ray_backend.gate_script(spec, [json.dumps(self.preflight_report())]),
+                       ray_backend.gate_program())
 
     def stage(self, spec: specmod.ClusterSpec) -> dict:
-        return self.sh(commands.stage_script(spec), commands.staging_stdin(
-            commands.secret_env_file(commands.MODEL_ROLE, HF_TOKEN, None)))
+        return self.sh(staging_commands.stage_script(spec), staging_commands.staging_stdin(
+            commands.secret_env_file(staging_commands.MODEL_ROLE, HF_TOKEN, None)))
 
     def vllm_up(self, spec: specmod.ClusterSpec, extra_env: dict | None = None) -> dict:
-        return self.sh(commands.start_script(spec, spec.head, commands.VLLM,
-                                             commands.vllm_run_argv(spec)),
+        return self.sh(ray_backend.vllm_start_script(spec),
                        commands.vllm_stdin(HF_TOKEN, API_KEY), extra_env=extra_env)
 
     def liveness(self, spec: specmod.ClusterSpec) -> dict:

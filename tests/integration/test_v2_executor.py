@@ -14,7 +14,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab import cluster
-from spark_vllm import commands
+from spark_vllm.backends import ray as ray_backend
 from spark_vllm.spec import parse_spec
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import STACK, Lab, node_sh
@@ -64,7 +64,7 @@ def test_v2_without_a_shared_rpc_path_vllm_hangs_and_the_program_does_not(lab2: 
     base = lab2.outputs()["endpoint"].removesuffix(f":{spec.port}/v1")
     node_sh("node-1", f"docker stop -t 1 {served}")  # frees the GPUs; restarted below
     try:
-        argv = commands.vllm_run_argv(spec)
+        argv = ray_backend.vllm_run_argv(spec)
         argv[argv.index("--name") + 1] = "itest-v2-hang"
         at = argv.index("VLLM_RPC_BASE_PATH=/tmp/ray")
         del argv[at - 1:at + 1]  # the --env and its value: the driver keeps its own /tmp

@@ -21,6 +21,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spark_vllm import commands as c
+from spark_vllm import preflight_commands
+from spark_vllm.backends import ray as ray_backend
 from tests.unit.harness import fake_rsync, lab_nodes, spec_from
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +40,7 @@ def duo(**top: object) -> c.ClusterSpec:
 
 
 def test_head_docker_run_argv_exact() -> None:
-    assert c.head_run_argv(duo()) == [
+    assert ray_backend.head_run_argv(duo()) == [
         "docker", "run", "--detach", "--name", "spark-vllm-duo-ray-head",
         "--label", "spark-vllm.stack=duo", "--label", "spark-vllm.role=ray-head",
         "--label", "spark-vllm.node=spark-a", "--label", "spark-vllm.identity=192.168.200.12",
@@ -70,7 +72,7 @@ def test_compile_cache_is_a_path_none_or_beside_hf_cache_and_owns_its_env() -> N
     assert duo(hfCache="/data/hf").compile_cache_dir == "/data/spark-vllm-compile/duo"
     off = duo(compileCache="none")
     assert off.compile_cache_dir is None
-    argv = c.head_run_argv(off)
+    argv = ray_backend.head_run_argv(off)
     assert not any("spark-vllm-cache" in a for a in argv)
     assert "VLLM_CACHE_ROOT" not in c.node_env(off, off.head)
     # with the cache on, VLLM_CACHE_ROOT is the program's; with it off, the user's
@@ -118,7 +120,7 @@ def test_a_ray_container_clears_a_cache_made_with_another_image_and_only_then(
 
 def test_worker_uses_its_own_identity_and_interfaces_and_joins_the_head() -> None:
     spec = duo()
-    argv = c.worker_run_argv(spec, spec.nodes[1])
+    argv = ray_backend.worker_run_argv(spec, spec.nodes[1])
     env = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
     assert "VLLM_HOST_IP=192.168.200.13" in env
     assert "NCCL_SOCKET_IFNAME=enP2p1s0f1np1" in env and "NCCL_IB_HCA=roceP2p1s0f1" in env
@@ -132,14 +134,14 @@ def test_no_container_has_a_restart_policy() -> None:
     order): a worker back alone joins a Ray cluster whose vLLM ranks died, vLLM looping on the
     GPU can wedge a Spark."""
     spec = duo()
-    for argv in (c.head_run_argv(spec), c.worker_run_argv(spec, spec.nodes[1]),
-                 c.vllm_run_argv(spec)):
+    for argv in (ray_backend.head_run_argv(spec), ray_backend.worker_run_argv(spec, spec.nodes[1]),
+                 ray_backend.vllm_run_argv(spec)):
         assert not any(a.startswith("--restart") for a in argv), argv
 
 
 def test_vllm_serve_argv_exact_and_key_free() -> None:
     spec = duo(servedModelName="qwen", port=8001)
-    argv = c.vllm_run_argv(spec)
+    argv = ray_backend.vllm_run_argv(spec)
     tail = argv[argv.index("--entrypoint"):]
     assert tail[:6] == ["--entrypoint", "sh", "img:1", "-c", c._VLLM_ENTRY_SH, "vllm"]
     assert tail[6:] == ["serve", "Qwen/Q",
@@ -162,7 +164,7 @@ def test_vllm_entrypoint_puts_its_config_root_on_pythonpath_then_becomes_vllm(
     """vLLM imports the middleware from VLLM_CONFIG_ROOT (before the image's own PYTHONPATH)
     and is exec'd with the serve args unchanged."""
     spec = duo(vllmArgs=["--chat-template", "{{ x }} 'q' $HOME"])
-    argv = c.vllm_run_argv(spec)
+    argv = ray_backend.vllm_run_argv(spec)
     after_image = argv[argv.index("img:1") + 1:]
     (tmp_path / "vllm").write_text('#!/bin/sh\nprintf "%s\\n" "$$" "$PYTHONPATH" "$@" > "$OUT"\n')
     (tmp_path / "vllm").chmod(0o755)
@@ -173,12 +175,12 @@ def test_vllm_entrypoint_puts_its_config_root_on_pythonpath_then_becomes_vllm(
     pid, pythonpath, *args = (tmp_path / "args").read_text().splitlines()
     assert int(pid) == proc.pid  # exec: vLLM is the container's process, signals reach it
     assert pythonpath == "/tmp/ray/spark-vllm:/opt/image-path"
-    assert args == c.vllm_serve_args(spec)
+    assert args == c.vllm_serve_args(spec, ray_backend.EXECUTOR)
 
 
 def test_no_gpu_flag_in_the_lab() -> None:
     spec = duo(dockerGpus="none")
-    assert "--gpus" not in c.head_run_argv(spec)
+    assert "--gpus" not in ray_backend.head_run_argv(spec)
 
 
 def test_secret_env_file_roles() -> None:
@@ -195,13 +197,12 @@ def test_secret_env_file_roles() -> None:
 def test_scripts_parse_as_posix_sh(script: str) -> None:
     spec = duo()
     text = {
-        "preflight": lambda: c.preflight_script(spec, spec.nodes[1]),
-        "start-head": lambda: c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
-        "start-worker": lambda: c.start_script(spec, spec.nodes[1], c.WORKER,
-                                               c.worker_run_argv(spec, spec.nodes[1])),
-        "start-vllm": lambda: c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec)),
+        "preflight": lambda: preflight_commands.preflight_script(spec, spec.nodes[1]),
+        "start-head": lambda: ray_backend.head_start_script(spec),
+        "start-worker": lambda: ray_backend.worker_start_script(spec, spec.nodes[1]),
+        "start-vllm": lambda: ray_backend.vllm_start_script(spec),
         "remove": lambda: c.remove_script(spec, spec.head, c.HEAD),
-        "gate": lambda: c.gate_script(spec, ['{"node": "spark-a"}']),
+        "gate": lambda: ray_backend.gate_script(spec, ['{"node": "spark-a"}']),
     }[script]()
     subprocess.run(["sh", "-n"], input=text, text=True, check=True)
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
@@ -210,7 +211,7 @@ def test_scripts_parse_as_posix_sh(script: str) -> None:
 def test_preflight_summary_is_json(tmp_path: Path) -> None:
     """The preflight's last line is parsed by the gate and exported: it must be valid JSON."""
     spec = duo()
-    line = c.preflight_script(spec, spec.nodes[1]).strip().splitlines()[-1]
+    line = preflight_commands.preflight_script(spec, spec.nodes[1]).strip().splitlines()[-1]
     script = ('node=spark-b; docker_v=20.10; gpus=1; image_id=sha256:ab; '
               'set -- 2.60.0 3.11.2 0.33.0\n' + line)
     out = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True).stdout
@@ -223,7 +224,7 @@ def test_gate_program_travels_on_stdin_not_in_the_command() -> None:
     """A failed remote command is quoted whole in Pulumi's error: the gate's command must stay
     a few lines, so its expected-vs-seen table is what the operator reads."""
     spec = duo()
-    text = c.gate_script(spec, [])
+    text = ray_backend.gate_script(spec, [])
     assert len(text.splitlines()) <= 6 and "import" not in text
 
 
@@ -231,7 +232,7 @@ def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> Non
     """The Ray/Python read starts a container (~1 s of CPU a node): kept per image id."""
     spec = spec_from([{"name": "local", "host": "127.0.0.1"}], image="img:1", model="org/m",
                      checkGpu=False, imagePull="never")
-    script = c.preflight_script(spec, spec.head)
+    script = preflight_commands.preflight_script(spec, spec.head)
     first = run_with_fake_docker(script, tmp=tmp_path)
     summary = json.loads(first["_stdout"][0])
     assert (summary["ray"], summary["python"], summary["vllm"], summary["image_id"]) == (
@@ -252,7 +253,7 @@ def test_preflight_reads_image_versions_once_per_image_id(tmp_path: Path) -> Non
 
 def test_gate_payload_carries_expected_table() -> None:
     spec = spec_from(lab_nodes(4), tensorParallelSize=2, pipelineParallelSize=2, rayTimeout=30)
-    text = c.gate_script(spec, [])
+    text = ray_backend.gate_script(spec, [])
     payload = json.loads(shlex.split(text.split("python3 - ", 1)[1])[0])
     assert payload["timeout"] == 30
     assert payload["address"] == "192.168.231.11:6379"  # the head's identity, never "auto"
@@ -279,10 +280,10 @@ def shell_argv(argv: list[str]) -> list[str]:
 @given(value=odd_text, arg=odd_text.filter(lambda t: not t.startswith("-")))
 def test_env_values_and_vllm_args_survive_the_shell(value: str, arg: str) -> None:
     spec = duo(env={"ODD": value}, vllmArgs=["--chat-template", arg])
-    for argv in (c.head_run_argv(spec), c.vllm_run_argv(spec)):
+    for argv in (ray_backend.head_run_argv(spec), ray_backend.vllm_run_argv(spec)):
         assert shell_argv(argv) == argv
-    assert shell_argv(c.vllm_run_argv(spec))[-2:] == ["--chat-template", arg]
-    assert f"ODD={value}" in shell_argv(c.head_run_argv(spec))
+    assert shell_argv(ray_backend.vllm_run_argv(spec))[-2:] == ["--chat-template", arg]
+    assert f"ODD={value}" in shell_argv(ray_backend.head_run_argv(spec))
 
 
 @settings(max_examples=30, deadline=None)
@@ -291,7 +292,7 @@ def test_start_script_embeds_the_argv_literally(value: str) -> None:
     """Run the real start script with `docker` replaced by a recorder: the recorded argv of
     `docker run` must equal the built argv, whatever the env value holds."""
     spec = duo(env={"ODD": value}, rayPort=free_port())
-    argv = c.head_run_argv(spec)
+    argv = ray_backend.head_run_argv(spec)
     recorded = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, argv))
     assert ["docker", "run", *recorded["run"]] == argv
 
@@ -387,7 +388,7 @@ def test_start_head_writes_0600_env_file_prints_id_and_waits_for_its_gcs(tmp_pat
     `ray start` prints "Ray runtime started" (which the fake's log never does here)."""
     spec = duo(rayPort=free_port())
     (tmp_path / "logs").write_text("Local node IP: 192.168.200.12\n")
-    out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+    out = run_with_fake_docker(ray_backend.head_start_script(spec),
                                tmp=tmp_path)
     assert out["_stdout"] == ["0123456789abcdef0123456789abcdef\n"]
     env_file = tmp_path / ".spark-vllm" / "duo" / "ray-head.env"
@@ -401,10 +402,9 @@ def test_only_waits_that_match_the_log_read_it() -> None:
     calls; the worker and vLLM waits match their log (join, GCS, placement-group marks)."""
     spec = duo()
     read = 'logs=$(docker logs --tail 200 "$name"'
-    assert read not in c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec))
-    assert read in c.start_script(spec, spec.nodes[1], c.WORKER,
-                                  c.worker_run_argv(spec, spec.nodes[1]))
-    assert read in c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    assert read not in ray_backend.head_start_script(spec)
+    assert read in ray_backend.worker_start_script(spec, spec.nodes[1])
+    assert read in ray_backend.vllm_start_script(spec)
 
 
 def test_start_head_refuses_a_ray_port_already_in_use(tmp_path: Path) -> None:
@@ -413,7 +413,7 @@ def test_start_head_refuses_a_ray_port_already_in_use(tmp_path: Path) -> None:
         other.bind(("127.0.0.1", 0))
         other.listen()
         spec = duo(rayPort=other.getsockname()[1])
-        out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+        out = run_with_fake_docker(ray_backend.head_start_script(spec),
                                    tmp=tmp_path, check=False)
     assert out["_rc"] == ["1"]
     assert (f"spark-a: ray-head: FAILED: port {spec.ray_port} (rayPort) is already in use on "
@@ -424,7 +424,7 @@ def test_start_head_refuses_a_ray_port_already_in_use(tmp_path: Path) -> None:
 
 def test_start_failure_shows_logs_and_leaves_nothing(tmp_path: Path) -> None:
     spec = duo(rayPort=free_port())
-    out = run_with_fake_docker(c.start_script(spec, spec.head, c.HEAD, c.head_run_argv(spec)),
+    out = run_with_fake_docker(ray_backend.head_start_script(spec),
                                status="exited", tmp=tmp_path, check=False)
     assert out["_rc"] == ["1"]
     assert "FAILED: container is exited before ready" in out["_stderr"][0]
@@ -436,7 +436,7 @@ def test_start_failure_shows_logs_and_leaves_nothing(tmp_path: Path) -> None:
 
 def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> None:
     spec = duo(smokeTest=True)
-    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    script = ray_backend.vllm_start_script(spec)
     assert "import" not in script  # the probe's Python is not inlined in the command
     out = run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin("hf-x", "key-y"))
     state = tmp_path / ".spark-vllm" / "duo"
@@ -465,7 +465,7 @@ def test_an_interrupted_start_removes_what_it_started(tmp_path: Path, sig: int) 
     (tmp_path / "bin" / "docker").write_text(FAKE_DOCKER)
     (tmp_path / "bin" / "docker").chmod(0o755)
     (tmp_path / "exec-hangs").touch()
-    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    script = ray_backend.vllm_start_script(spec)
     proc = subprocess.Popen(
         ["sh", "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True,
@@ -499,7 +499,7 @@ def test_vllm_waiting_for_a_placement_group_fails_at_once(tmp_path: Path) -> Non
     (tmp_path / "exec-fails").touch()  # never serving
     (tmp_path / "logs").write_text("INFO ray_utils.py: Waiting for creating a placement group of "
                                    "specs for 10 seconds. specs=[{'node:192.168.200.12': 0.001}]\n")
-    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    script = ray_backend.vllm_start_script(spec)
     out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None, None))
     assert out["_rc"] == ["1"]
     assert "FAILED: vLLM is waiting for a Ray placement group" in out["_stderr"][0]
@@ -509,7 +509,7 @@ def test_vllm_waiting_for_a_placement_group_fails_at_once(tmp_path: Path) -> Non
 def test_a_failed_smoke_request_fails_the_start_and_leaves_nothing(tmp_path: Path) -> None:
     spec = duo(smokeTest=True)
     (tmp_path / "exec-rc").write_text("2")  # the probe: serving, but the chat failed
-    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    script = ray_backend.vllm_start_script(spec)
     out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None, None))
     assert out["_rc"] == ["1"] and "FAILED: smoke request failed" in out["_stderr"][0]
     assert not (tmp_path / ".spark-vllm" / "duo").exists()
@@ -518,7 +518,7 @@ def test_a_failed_smoke_request_fails_the_start_and_leaves_nothing(tmp_path: Pat
 
 def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
     spec = duo()
-    script = c.start_script(spec, spec.head, c.VLLM, c.vllm_run_argv(spec))
+    script = ray_backend.vllm_start_script(spec)
     out = run_with_fake_docker(script, status="exited", tmp=tmp_path, check=False,
                                stdin=c.vllm_stdin(None, None))
     assert out["_rc"] == ["1"] and "FAILED: container is exited" in out["_stderr"][0]
@@ -527,7 +527,7 @@ def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
 
 def test_worker_waits_to_join_and_names_an_unreachable_head(tmp_path: Path) -> None:
     spec = duo()
-    script = c.start_script(spec, spec.nodes[1], c.WORKER, c.worker_run_argv(spec, spec.nodes[1]))
+    script = ray_backend.worker_start_script(spec, spec.nodes[1])
     (tmp_path / "ok").mkdir()
     joined = run_with_fake_docker(script, tmp=tmp_path / "ok")
     assert "ready: spark-vllm-duo-ray-worker" in joined["_stderr"][0]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from spark_vllm import memory_check
+from spark_vllm.backends import ray as ray_backend
 from tests.unit.harness import spec_from
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,7 +116,7 @@ def test_max_model_len_auto_leaves_the_fit_to_vllm_and_shows_the_estimate(
         tmp_path: Path, hf: Path) -> None:
     spec = spec_from([{"name": "a", "host": "10.0.0.1"}], maxModelLen="auto")
     from spark_vllm import commands
-    args = commands.vllm_serve_args(spec)
+    args = commands.vllm_serve_args(spec, ray_backend.EXECUTOR)
     assert args[args.index("--max-model-len") + 1] == "auto"  # vLLM >= 0.26 fits it at load
     with pytest.raises(ValueError, match=r"vllmArgs\[0\]: --max-model-len is set by the program"):
         spec_from([{"name": "a", "host": "10.0.0.1"}], maxModelLen=4096,

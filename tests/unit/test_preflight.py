@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm import commands as c
+from spark_vllm import preflight_commands
 from tests.unit.harness import fake_rsync, spec_from
 
 FAKE_TOOL = r"""#!/bin/sh
@@ -72,7 +72,7 @@ def preflight(tmp: Path, mode: str, at: int = 0,
     log = tmp / "calls"
     log.touch()
     proc = subprocess.run(
-        ["/bin/sh", "-c", c.preflight_script(spec, spec.nodes[at])], capture_output=True,
+        ["/bin/sh", "-c", preflight_commands.preflight_script(spec, spec.nodes[at])], capture_output=True,
         text=True,
         env={"PATH": str(bin_dir), "HOME": str(tmp), "FAKE_MODE": mode, "FAKE_LOG": str(log)},
         timeout=30)

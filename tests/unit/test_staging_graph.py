@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from spark_vllm import commands as c
+from spark_vllm import staging_commands
 from tests.unit.harness import (
     CMD,
     HF_TOKEN,
@@ -49,7 +50,7 @@ def test_copies_carry_the_key_wrapped_and_name_what_they_copy() -> None:
     g = graph(2)
     copy = g["model-copy-node-2"]
     assert copy.inputs["stdin"][SECRET_SIG]
-    key, helper = copy.plain("stdin").split(c.MANIFEST_SEPARATOR + "\n")
+    key, helper = copy.plain("stdin").split(staging_commands.MANIFEST_SEPARATOR + "\n")
     assert key.strip() == SSH_KEY and helper == c.script_text("model_manifest.py")
     facts, links = copy.plain("triggers")
     assert facts == {"node": "node-2", "to": "192.168.231.12", "model": "org/model",
@@ -118,10 +119,10 @@ def test_image_check_names_what_it_compares_and_asks_the_nodes_itself() -> None:
                                         "imageDigest": IMAGE_ID, "nodes": ["node-1", "node-2"]}]
     # not on the preflights' outputs: a node added would make every id unknown in a preview
     assert not check.property_dependencies.get("triggers")
-    key, program = check.plain("stdin").split(c.MANIFEST_SEPARATOR + "\n")
+    key, program = check.plain("stdin").split(staging_commands.MANIFEST_SEPARATOR + "\n")
     assert key.strip() == SSH_KEY and check.inputs["stdin"][SECRET_SIG]
-    assert program == f"PAYLOAD = {c.image_check_payload(spec_from(lab_nodes(2), imageDigest=IMAGE_ID))!r}\n" + c.script_text("image_check.py")
-    assert json.loads(c.image_check_payload(spec_from(lab_nodes(2))))["nodes"][1] == {
+    assert program == f"PAYLOAD = {staging_commands.image_check_payload(spec_from(lab_nodes(2), imageDigest=IMAGE_ID))!r}\n" + c.script_text("image_check.py")
+    assert json.loads(staging_commands.image_check_payload(spec_from(lab_nodes(2))))["nodes"][1] == {
         "name": "node-2", "ip": "192.168.231.12", "user": "root", "port": 22, "hostKey": ""}
     # a pinned digest restarts the containers when it changes (the content changed)
     assert g["ray-head"].plain("triggers")[0]["imageDigest"] == IMAGE_ID
@@ -152,8 +153,8 @@ def _verdict(tmp_path, ids: list[str], **top: object) -> subprocess.CompletedPro
     spec = spec_from(lab_nodes(len(ids)), **top)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path),
            **{f"NODE{i}": v for i, v in enumerate(ids, start=1)}}
-    return subprocess.run(["sh", "-c", c.image_check_script(spec)], capture_output=True,
-                          text=True, input=c.image_check_stdin(spec, SSH_KEY), env=env,
+    return subprocess.run(["sh", "-c", staging_commands.image_check_script(spec)], capture_output=True,
+                          text=True, input=staging_commands.image_check_stdin(spec, SSH_KEY), env=env,
                           timeout=30)
 
 

@@ -14,7 +14,7 @@ import time
 import pytest
 from vsim_harness import HEAD_IP, WORKER_IP, clean_env
 
-from spark_vllm import commands
+from spark_vllm.backends import ray as ray_backend
 
 pytestmark = pytest.mark.slow
 
@@ -24,7 +24,7 @@ ABSENT_IP = "127.0.0.9"
 def run_gate(cluster, expected: list[dict], timeout: int) -> subprocess.CompletedProcess:
     payload = json.dumps({"expected": expected, "timeout": timeout, "address": cluster.address,
                           "preflight": []})
-    return subprocess.run([sys.executable, "-", payload], input=commands.gate_program(),
+    return subprocess.run([sys.executable, "-", payload], input=ray_backend.gate_program(),
                           capture_output=True, text=True, env=clean_env(), timeout=timeout + 60)
 
 

@@ -1,0 +1,172 @@
+"""The Ray backend: a `ray start` container per node (the head first), a gate on Ray's own node
+table, and `vllm serve` as a Ray driver on the head, in its own container.
+
+Builders only (no Pulumi): the components are ray_cluster.py and vllm_service.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from ..commands import (
+    _VLLM_ENTRY_SH,
+    HEAD,
+    LISTENING_SH,
+    VLLM,
+    VLLM_CONFIG_ROOT,
+    VLLM_FILES_DIR,
+    WORKER,
+    _prelude,
+    _wait_loop,
+    container_name,
+    docker_run_argv,
+    script_text,
+    serve_ready_lines,
+    start_script,
+    vllm_serve_args,
+)
+from ..spec import ClusterSpec, NodeSpec
+
+NAME = "ray"
+# vLLM's own flag for this backend (the rest of `vllm serve` is commands.vllm_serve_args)
+EXECUTOR = ["--distributed-executor-backend", "ray"]
+
+# The head's readiness test reads /proc only, and workers wait for it: poll it more often.
+HEAD_POLL_INTERVAL_S = 0.2
+
+# `ray start` prints this once its raylet is up (and, on workers, joined the GCS).
+RAY_STARTED_MARK = "Ray runtime started"
+
+# vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
+# with the gate passed it means vLLM asks Ray for something Ray does not have (the outage's hang).
+PG_WAITING_MARK = "Waiting for creating a placement group"
+# A worker's `ray start` logs this 5 s into a GCS connection that never completes, then keeps
+# retrying for minutes. The head is up by then (its command waited for it), so the path from
+# this node to the head's identity IP is broken: the fabric, a route or a firewall.
+GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
+
+
+def ray_head_args(spec: ClusterSpec) -> list[str]:
+    node = spec.head
+    return ["start", "--head", f"--node-ip-address={node.identity_ip}",
+            f"--port={spec.ray_port}", f"--num-gpus={node.gpus}", "--block"]
+
+
+def ray_worker_args(spec: ClusterSpec, node: NodeSpec) -> list[str]:
+    return ["start", f"--address={spec.head.identity_ip}:{spec.ray_port}",
+            f"--node-ip-address={node.identity_ip}", f"--num-gpus={node.gpus}", "--block"]
+
+
+def head_run_argv(spec: ClusterSpec) -> list[str]:
+    # /tmp/ray is an anonymous volume so the vLLM container can share the head's Ray session
+    # (raylet and object-store sockets); see vllm_run_argv.
+    return docker_run_argv(spec, spec.head, HEAD, "ray", ray_head_args(spec),
+                           extra=["--volume", "/tmp/ray"])
+
+
+def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
+    # No restart policy, here or on any container (invariant 7): a worker that restarts alone
+    # joins as a new Ray node under a vLLM whose ranks died with the old one, and a Ray head
+    # restarted alone does not take its workers back (Ray's GCS fault-tolerance docs); Docker's policies
+    # have no ordering between containers, and a loop on the GPU can wedge a Spark (eugr#257).
+    # A dead container stays dead and visible: `pulumi up --refresh` replaces it and its
+    # dependents in order.
+    return docker_run_argv(spec, node, WORKER, "ray", ray_worker_args(spec, node))
+
+
+def vllm_run_argv(spec: ClusterSpec) -> list[str]:
+    # vLLM is a Ray *driver* on the head node, in its own container so it can be replaced
+    # alone. A Ray 2.60 driver finds its node by looking for local raylet processes (`ps`,
+    # services.find_node_ids) and connects through the session's sockets under /tmp/ray: so it
+    # shares the head container's PID namespace and /tmp/ray, and the host's IPC and network.
+    head = container_name(spec, HEAD)
+    extra = ["--pid", f"container:{head}", "--volumes-from", head,
+             "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}",
+             "--env", f"VLLM_CONFIG_ROOT={VLLM_CONFIG_ROOT}"]
+    return docker_run_argv(spec, spec.head, VLLM, "sh",
+                           ["-c", _VLLM_ENTRY_SH, "vllm", *vllm_serve_args(spec, EXECUTOR)], extra=extra)
+
+def head_start_script(spec: ClusterSpec) -> str:
+    """The head's container; ready once its GCS listens on rayPort."""
+    listening = LISTENING_SH.format(port=spec.ray_port)
+    node = spec.head
+    return start_script(
+        spec, node, HEAD, head_run_argv(spec), cache=True,
+        # Anything else on rayPort (a Redis listens on 6379 by default) would pass the
+        # readiness test below while Ray's GCS fails to bind: refuse it by name first.
+        before_run=[f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
+                    f'use on {node.name} by a process outside this stack"; fi'],
+        ready=_wait_loop(listening, spec.ray_timeout,
+                         f"the Ray head's GCS to listen on port {spec.ray_port}", [],
+                         sleep_s=HEAD_POLL_INTERVAL_S))
+
+
+def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
+    """A worker's container; ready once it joined the head."""
+    # A worker waits here, on the node that sees why, for its join: a blocked fabric is
+    # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
+    gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
+    unreachable = (
+        f"if has {shlex.quote(GCS_UNREACHABLE_MARK)}; then "
+        f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
+        f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi'
+    )
+    return start_script(
+        spec, node, WORKER, worker_run_argv(spec, node), cache=True,
+        ready=_wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
+                         f"Ray worker to join the head at {gcs}", [unreachable]))
+
+
+def vllm_start_script(spec: ClusterSpec) -> str:
+    """vLLM's container on the head; ready once it serves (and answered the smoke request)."""
+    head = shlex.quote(container_name(spec, HEAD))
+    # The waiting line quotes the specs: only vLLM < 0.18 pins `node:<VLLM_HOST_IP>`.
+    pg_check = (
+        f"if has {shlex.quote(PG_WAITING_MARK)}; then if has \"'node:\"; then "
+        'fail "vLLM is waiting for a Ray placement group that Ray cannot place: the IP '
+        'vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; else '
+        'fail "vLLM is waiting for a Ray placement group that Ray cannot place: the GPUs '
+        'it asks for are not free (another vLLM on this Ray cluster? ray status)"; fi; fi'
+    )
+    return start_script(
+        spec, spec.head, VLLM, vllm_run_argv(spec), serves=True,
+        before_run=[f"docker cp {VLLM_FILES_DIR}/. {head}:{VLLM_CONFIG_ROOT} >/dev/null "
+                    f'|| fail "cannot copy vLLM\'s config into the Ray head container"'],
+        ready=serve_ready_lines(spec, [pg_check]))
+
+
+def gate_expected(spec: ClusterSpec) -> list[dict[str, object]]:
+    return [{"name": n.name, "ip": n.identity_ip, "gpus": n.gpus} for n in spec.nodes]
+
+
+def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
+    """Readiness gate, run on the head: Ray's node table must match the spec (invariant 5).
+
+    `preflight_json` are the preflight summaries (one JSON per node) so the gate can also
+    name a Ray/Python version mismatch between nodes. The Python program itself is the
+    command's stdin (`gate_program`): a failed command is quoted whole in Pulumi's error, and
+    the expected-vs-seen table must not drown under 100 lines of script.
+    """
+    payload = json.dumps({"expected": gate_expected(spec), "timeout": spec.ray_timeout,
+                          "address": f"{spec.head.identity_ip}:{spec.ray_port}",
+                          "preflight": preflight_json}, sort_keys=True)
+    head = container_name(spec, HEAD)
+    q_head = shlex.quote(head)
+    return "\n".join([
+        *_prelude(spec, spec.head, "gate"),
+        # The head's command returned once its GCS listened: if the head died since, its own
+        # log says why better than a docker exec error would.
+        f'[ "$(docker inspect --format "{{{{.State.Status}}}}" {q_head} 2>/dev/null)" = running ] '
+        f'|| {{ log "FAILED: the Ray head container {head} is not running"; docker logs --tail 60 '
+        f'{q_head} 2>&1 | sed "s/^/    | /" >&2; exit 1; }}',
+        # `timeout` bounds even a hung GCS connection: a remote command is not killed by
+        # Pulumi's custom timeouts (pulumi-command runs it to its end).
+        f"timeout {spec.ray_timeout + 30} docker exec -i {q_head} python3 - "
+        f"{shlex.quote(payload)}",
+    ]) + "\n"
+
+
+def gate_program() -> str:
+    """The gate's Python (scripts/ray_gate.py), sent as the gate command's stdin."""
+    return script_text("ray_gate.py")

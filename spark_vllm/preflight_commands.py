@@ -1,0 +1,107 @@
+"""The preflight of one node, before any container (invariant 5): docker, GPUs, the identity
+address on its interface, the image and what it holds; prints one JSON line the gate, the
+image check and a reviewer read."""
+
+from __future__ import annotations
+
+import shlex
+
+from .commands import STATE_DIR_SH, _prelude
+from .spec import ClusterSpec, NodeSpec
+
+# Prints "RAY PYTHON VLLM" for an image; run once per image id by the preflight. vLLM's own CLI
+# says its version (`vllm --version`, the last word it prints), as in every release.
+VERSIONS_PY = (
+    "import subprocess, sys, ray\n"
+    "try:\n"
+    "    out = subprocess.run(['vllm', '--version'], capture_output=True, text=True, timeout=300)\n"
+    "    vllm = out.stdout.split()[-1] if out.returncode == 0 and out.stdout.split() else ''\n"
+    "except OSError:\n"
+    "    vllm = ''\n"
+    "if not vllm:\n"
+    "    sys.exit('no vllm command in the image')\n"
+    "print(ray.__version__, sys.version.split()[0], vllm)\n"
+)
+
+
+def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
+    """Checks one node before any container starts (invariant 5); prints a JSON summary."""
+    q = shlex.quote
+    image = q(spec.image)
+    lines = [
+        *_prelude(spec, node, "preflight"),
+        'fail() { log "FAILED: $*"; exit 1; }',
+        "command -v docker >/dev/null 2>&1 || fail \"docker is not installed or not on PATH\"",
+        'docker_v=$(docker version --format "{{.Server.Version}}" 2>&1) '
+        '|| fail "docker daemon not reachable as $(id -un): $docker_v"',
+    ]
+    if spec.check_gpu:
+        lines += [
+            "gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)",
+            f'[ "$gpus" -ge {node.gpus} ] || fail "nvidia-smi sees ${{gpus:-0}} GPU(s), '
+            f'the spec says gpus: {node.gpus} (checkGpu: false only where no GPU exists)"',
+        ]
+    else:
+        lines.append("gpus=unchecked")
+    ip = node.identity_ip
+    if node.fabric_interface:
+        iface = q(node.fabric_interface)
+        lines += [
+            f"[ -e /sys/class/net/{iface} ] || fail \"fabricInterface {node.fabric_interface} "
+            "not found; interfaces here: $(ls /sys/class/net | tr '\\n' ' ')\"",
+            f"addrs=$(ip -o addr show dev {iface} | awk '{{print $4}}' | tr '\\n' ' ')",
+            f'case " $addrs" in *" {ip}/"*) ;; *) fail "fabricIp {ip} is not on '
+            f'{node.fabric_interface}; addresses there: ${{addrs:-none}}" ;; esac',
+        ]
+    else:
+        lines += [
+            "addrs=$(ip -o addr show | awk '{print $4}' | tr '\\n' ' ')",
+            f'case " $addrs" in *" {ip}/"*) ;; *) fail "host {ip} is the node identity but no '
+            f'interface has it (NAT?); set fabricIp/fabricInterface. Addresses: $addrs" ;; esac',
+        ]
+    if spec.image_pull == "always":
+        lines.append(f'log "pulling {spec.image}"; docker pull --quiet {image} >&2 '
+                     f'|| fail "docker pull {spec.image} failed"')
+    elif spec.image_pull == "missing":
+        lines.append(f"docker image inspect {image} >/dev/null 2>&1 || {{ log \"pulling "
+                     f"{spec.image}\"; docker pull --quiet {image} >&2 || fail \"docker pull "
+                     f"{spec.image} failed\"; }}")
+    lines += [
+        f"image_id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null) || fail "
+        f'"image {spec.image} is not on the node (imagePull: {spec.image_pull}); '
+        f'load it with: docker save IMAGE | ssh NODE docker load"',
+        # Ray is optional in vLLM images since 0.18, head/worker must run the same Ray and
+        # Python (ray#50511), and vLLM's version decides its Ray executor (legacy < 0.18 pins
+        # `node:<VLLM_HOST_IP>`; RayExecutorV2 does not): read all three from the image here,
+        # not after a failed join. Starting a container that imports Ray (and `vllm --version`,
+        # seconds on a real image) costs CPU on every cold up, so the answer is kept per image
+        # id (a content hash: it cannot go stale) in a file outside any stack's directory.
+        f"cache={STATE_DIR_SH}image-versions/\"${{image_id#sha256:}}\"",
+        'if versions=$(cat "$cache" 2>/dev/null) && [ "$(echo $versions | wc -w)" -eq 3 ]; then :',
+        f"else versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
+        + q(VERSIONS_PY)
+        + ' 2>&1) || fail "image has no python3 with ray and vllm: '
+        '$(echo "$versions" | tail -n 3)"',
+        '  versions=$(echo "$versions" | tail -n 1)',
+        f"  mkdir -p {STATE_DIR_SH}image-versions && "
+        'echo "$versions" > "$cache.$$" && mv -f "$cache.$$" "$cache" || true',
+        "fi",
+        "set -- $versions",
+    ]
+    digests = ""
+    if spec.image_digest:  # only then: a preflight that changed would restart the chain
+        lines.append(f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}"
+                     f"{{{{.}}}} {{{{end}}}}' {image} 2>/dev/null || true)")
+        digests = ', "digests": "%s"'
+    if spec.staged:  # not on the node count: a node added or removed must not re-run it
+        # the copy runs rsync between the head and each node, and the manifest check python3
+        lines += [f"for tool in rsync python3; do command -v $tool >/dev/null 2>&1 || fail \"$tool "
+                  f"is not installed: modelStaging {spec.model_staging} copies the model with rsync "
+                  "and checks it with python3 (or set modelStaging: none)\"; done"]
+    lines += [
+        f"""printf '{{"node": "%s", "identity": "%s", "docker": "%s", "gpus": "%s", """
+        f""""image_id": "%s", "ray": "%s", "python": "%s", "vllm": "%s"{digests}}}\\n' """
+        f'"$node" {q(ip)} "$docker_v" "$gpus" "$image_id" "$1" "$2" "$3"'
+        + (' "$digests"' if digests else ""),
+    ]
+    return "\n".join(lines) + "\n"
