@@ -15,6 +15,8 @@ from importlib import resources
 from .spec import ClusterSpec, NodeSpec
 
 HEAD, WORKER, VLLM = "ray-head", "ray-worker", "vllm"
+# backend native: rank 0 with the API server on nodes[0], a headless rank on every other node
+LEADER, RANK = "vllm-leader", "vllm-rank"
 LABEL = "spark-vllm"
 
 # Where the 0600 env-files live on a node, relative to the SSH user's $HOME (a DGX Spark user
@@ -103,7 +105,8 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
     """
     env = {"RAY_USAGE_STATS_ENABLED": "0", **spec.user_env}
     env["VLLM_HOST_IP"] = node.identity_ip
-    env["VLLM_RPC_BASE_PATH"] = SHARED_RAY_DIR
+    if spec.backend == "ray":  # native: vLLM's own default (the container's /tmp)
+        env["VLLM_RPC_BASE_PATH"] = SHARED_RAY_DIR
     if spec.staged:  # the weights are on the node (staging.py): fetching is a bug, say so
         env["HF_HUB_OFFLINE"] = "1"
     if node.fabric_interface:
@@ -129,7 +132,7 @@ def secret_env_file(role: str, hf_token: str | None, api_key: str | None) -> str
     lines = [f"# spark-vllm secrets for {role}; written by pulumi, mode 0600"]
     if hf_token:
         lines += [f"HF_TOKEN={hf_token}", f"HUGGING_FACE_HUB_TOKEN={hf_token}"]
-    if api_key and role == VLLM:
+    if api_key and role in (VLLM, LEADER):
         lines.append(f"VLLM_API_KEY={api_key}")
     return "\n".join(lines) + "\n"
 
@@ -397,6 +400,19 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
         'log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"',
     ]
     return "\n".join(lines) + "\n"
+
+
+def stop_other_backend(spec: ClusterSpec, roles: Sequence[str], other: str) -> str:
+    """Before a container starts: stop the other backend's containers of this stack on this
+    node. A backend switch renames every resource, and the engine deletes resources that left
+    the program only after it created the new ones (its deletes run last): without this line
+    the old ranks would still hold the GPU, and the old API server the port, when the new ones
+    start. The old resources' deletes then find nothing to remove."""
+    names = " ".join(shlex.quote(container_name(spec, r)) for r in roles)
+    return (f"for old in {names}; do if docker inspect \"$old\" >/dev/null 2>&1; then "
+            f'log "stopping $old (backend {other}\'s, replaced by backend {spec.backend})"; '
+            'docker rm --force --volumes "$old" >/dev/null 2>&1 || fail "cannot stop $old"; '
+            "fi; done")
 
 
 def serve_ready_lines(spec: ClusterSpec, checks: Sequence[str]) -> list[str]:

@@ -59,7 +59,10 @@ def payload(spec: ClusterSpec) -> dict[str, Any]:
             "utilization": node_memory.utilization(spec.vllm_args),
             "autoLength": spec.max_model_len == "auto",
             "flags": estimate_flags(spec),
-            "vllmContainer": commands.container_name(spec, commands.VLLM),
+            # the container that runs vLLM's API server on the head (its ranks' memory is the
+            # stack's own, given back before the new vLLM starts)
+            "vllmContainer": commands.container_name(
+                spec, commands.VLLM if spec.backend == "ray" else commands.LEADER),
             "nodes": [{"name": n.name, "ip": n.identity_ip, "user": n.user, "port": n.port,
                        "hostKey": n.host_key or ""} for n in spec.nodes]}
 

@@ -9,10 +9,16 @@ import shlex
 from .commands import STATE_DIR_SH, _prelude
 from .spec import ClusterSpec, NodeSpec
 
-# Prints "RAY PYTHON VLLM" for an image; run once per image id by the preflight. vLLM's own CLI
-# says its version (`vllm --version`, the last word it prints), as in every release.
+# Prints "RAY PYTHON VLLM" for an image ("none" for an image without Ray: vLLM dropped it as a
+# dependency, vllm#36170); run once per image id by the preflight. vLLM's own CLI says its
+# version (`vllm --version`, the last word it prints), as in every release.
 VERSIONS_PY = (
-    "import subprocess, sys, ray\n"
+    "import subprocess, sys\n"
+    "try:\n"
+    "    import ray\n"
+    "    ray_version = ray.__version__\n"
+    "except ImportError:\n"
+    "    ray_version = 'none'\n"
     "try:\n"
     "    out = subprocess.run(['vllm', '--version'], capture_output=True, text=True, timeout=300)\n"
     "    vllm = out.stdout.split()[-1] if out.returncode == 0 and out.stdout.split() else ''\n"
@@ -20,7 +26,7 @@ VERSIONS_PY = (
     "    vllm = ''\n"
     "if not vllm:\n"
     "    sys.exit('no vllm command in the image')\n"
-    "print(ray.__version__, sys.version.split()[0], vllm)\n"
+    "print(ray_version, sys.version.split()[0], vllm)\n"
 )
 
 
@@ -80,7 +86,7 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         'if versions=$(cat "$cache" 2>/dev/null) && [ "$(echo $versions | wc -w)" -eq 3 ]; then :',
         f"else versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
         + q(VERSIONS_PY)
-        + ' 2>&1) || fail "image has no python3 with ray and vllm: '
+        + ' 2>&1) || fail "image has no python3 with vllm: '
         '$(echo "$versions" | tail -n 3)"',
         '  versions=$(echo "$versions" | tail -n 1)',
         f"  mkdir -p {STATE_DIR_SH}image-versions && "
@@ -88,6 +94,10 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         "fi",
         "set -- $versions",
     ]
+    if spec.backend == "ray":
+        lines.append(f'[ "$1" != none ] || fail "image {spec.image} has no Ray (python3 cannot '
+                     'import ray): backend ray starts Ray from it; use an image with Ray, or '
+                     "set backend: native (vLLM's own multi-node, no Ray)\"")
     digests = ""
     if spec.image_digest:  # only then: a preflight that changed would restart the chain
         lines.append(f"digests=$(docker image inspect --format '{{{{range .RepoDigests}}}}"

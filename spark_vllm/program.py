@@ -14,9 +14,10 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import resource as sdk_resource
 
-from . import commands, hostkeys, node_memory, secret_check
+from . import backends, commands, hostkeys, node_memory, secret_check
 from .image_check import ImageCheck
 from .memory_check import MemoryCheck
+from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
@@ -136,20 +137,31 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
     memory = MemoryCheck("memory", spec, nodes, ssh_private_key=secrets.ssh_private_key,
                          after=list(before))
     before.append(memory.check)
-    cluster = RayCluster("ray", RayClusterArgs(spec=spec, nodes=nodes, hf_token=secrets.hf_token,
-                                               after=tuple(before)))
-    service = VllmService("vllm", VllmServiceArgs(
-        spec=spec, head=nodes[0], cluster=cluster,
-        hf_token=secrets.hf_token, api_key=secrets.api_key))
+    if spec.backend == "native":
+        group = NativeGroup("vllm", NativeGroupArgs(
+            spec=spec, nodes=nodes, hf_token=secrets.hf_token, api_key=secrets.api_key,
+            after=tuple(before)))
+        endpoint, served, container_ids = group.endpoint, group.served_model_name, \
+            group.container_ids
+        ray_nodes: pulumi.Input[str] = "none: backend native (no Ray)"
+    else:
+        cluster = RayCluster("ray", RayClusterArgs(spec=spec, nodes=nodes,
+                                                   hf_token=secrets.hf_token, after=tuple(before)))
+        service = VllmService("vllm", VllmServiceArgs(
+            spec=spec, head=nodes[0], cluster=cluster,
+            hf_token=secrets.hf_token, api_key=secrets.api_key))
+        endpoint, served, ray_nodes = service.endpoint, service.served_model_name, \
+            cluster.node_table
+        container_ids = pulumi.Output.all(cluster.container_ids, service.container_id).apply(
+            lambda v: {**v[0], f"{spec.head.name}/vllm": v[1]})
     return {
-        "endpoint": service.endpoint,
-        "servedModelName": service.served_model_name,
+        "endpoint": endpoint,
+        "servedModelName": served,
         "identityIps": {n.name: n.identity_ip for n in spec.nodes},
-        "containerIds": pulumi.Output.all(cluster.container_ids, service.container_id).apply(
-            lambda v: {**v[0], f"{spec.head.name}/vllm": v[1]}),
+        "containerIds": container_ids,
         # per node: docker version, image id, Ray and Python versions in the image
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
-        "rayNodes": cluster.node_table,
+        "rayNodes": ray_nodes,
         # how `spark-vllm status` reads vLLM (the refresh's liveness check) and what vLLM
         # needs free to start (its memory check before a repair)
         "serving": {"check": commands.liveness_target(spec),
@@ -162,7 +174,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,
                    "compileCache": spec.compile_cache_dir or "none",
-                   "containers": {role: commands.container_name(spec, role) for role in
-                                  ((commands.HEAD, commands.VLLM) if i == 0 else (commands.WORKER,))}}
+                   "containers": {role: commands.container_name(spec, role)
+                                  for role in backends.of(spec).roles(i)}}
                   for i, n in enumerate(spec.nodes)],
     }

@@ -58,7 +58,23 @@ OWNED_VLLM_FLAGS = {
     "-tp": "tensorParallelSize",
     "--pipeline-parallel-size": "pipelineParallelSize",
     "-pp": "pipelineParallelSize",
-    "--distributed-executor-backend": "(always ray)",
+    "--distributed-executor-backend": "backend",
+    # vLLM's native multi-node (backend: native): the program gives each node its rank
+    "--nnodes": "backend and nodes",
+    "--node-rank": "backend and nodes",
+    "--master-addr": "backend (nodes[0]'s identity IP)",
+    "--master-port": "masterPort",
+    "--headless": "backend (every node but nodes[0])",
+    # data parallel would start more engines than the nodes' ranks: not a layout the program
+    # deploys (and vLLM's native multi-node derives its DP rank from --node-rank)
+    "--data-parallel-size": "(one engine: tensorParallelSize × pipelineParallelSize)",
+    "-dp": "(one engine: tensorParallelSize × pipelineParallelSize)",
+    "--data-parallel-rank": "(one engine)",
+    "--data-parallel-start-rank": "(one engine)",
+    "--data-parallel-size-local": "(one engine)",
+    "--data-parallel-address": "(one engine)",
+    "--data-parallel-rpc-port": "(one engine)",
+    "--data-parallel-backend": "(one engine)",
     "--host": "apiHost",
     "--port": "port",
     "--served-model-name": "servedModelName",
@@ -145,6 +161,13 @@ class _Settings(_Strict):
     port: int = Field(8000, ge=1, le=65535)
     api_host: str = "0.0.0.0"
     ray_port: int = Field(6379, ge=1, le=65535)
+    # how the ranks find each other: ray (a Ray cluster, vLLM a Ray driver on the head) or
+    # native (vLLM's own multi-node: a `vllm serve` per node, rank 0 on nodes[0] hosting the
+    # torch.distributed rendezvous on masterPort; no Ray in the image needed)
+    backend: Literal["ray", "native"] = "ray"
+    master_port: int = Field(29501, ge=1, le=65535)
+    # native: how long rank 0 waits for every other node's ranks to join it
+    join_timeout: int = Field(300, ge=5, le=3600)
     hf_cache: str = "/root/.cache/huggingface"
     shm_size: str = Field("10.24g", pattern=r"^[0-9]+(\.[0-9]+)?[bkmg]?$")
     env: dict[str, str] = Field(default_factory=dict)
@@ -331,6 +354,12 @@ def _cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
             f"{s.tensor_parallel_size} × {s.pipeline_parallel_size} = {world} must equal the GPUs "
             f"of all nodes ({gpus})"
         )
+    elif s.backend == "native" and len({n.gpus for n in nodes}) > 1:
+        # vLLM gives every node world_size / nnodes local ranks (engine/arg_utils.py,
+        # local_world_size = world_size // nnodes)
+        out.append("nodes: backend native runs world_size / nnodes ranks on every node; the "
+                   "nodes' gpus differ (" + ", ".join(f"{n.name}: {n.gpus}" for n in nodes)
+                   + "): give every node the same gpus, or use backend: ray")
     return out
 
 
@@ -340,8 +369,11 @@ def _settings_problems(s: _Settings) -> list[str]:
         out.append(f"wedgeWindow: {s.wedge_window} s is shorter than canaryTimeout "
                    f"({s.canary_timeout} s); the counter is watched for at least the canary's "
                    "wait")
-    if s.port == s.ray_port:
+    if s.port == s.ray_port and s.backend == "ray":
         out.append(f"port: {s.port} is also rayPort; the API server and Ray's GCS need their own")
+    if s.port == s.master_port and s.backend == "native":
+        out.append(f"port: {s.port} is also masterPort; the API server and rank 0's rendezvous "
+                   "need their own")
     for key in s.env:
         if key in STAGING_ENV and s.model_staging != "none":
             out.append(f"env.{key}: set by the program while modelStaging is "

@@ -134,7 +134,7 @@ class Report:
         lines = [f"stack {self.stack}: {self.endpoint} (model {self.model})",
                  f"{'NODE':<12}{'CONTAINER':<12}{'STATE':<40}RAY"]
         for c in self.containers:
-            ray = self.ray.get(c.node, "") if c.role != commands.VLLM else ""
+            ray = self.ray.get(c.node, "") if c.role not in (commands.VLLM, commands.LEADER) else ""
             lines.append(f"{c.node:<12}{c.role:<12}{c.describe():<40}{ray}")
         for node, why in self.unreachable.items():
             lines.append(f"{node:<12}{'-':<12}{'UNREACHABLE: ' + why}")
@@ -181,6 +181,11 @@ def config_secret(stack: Any, key: str) -> str | None:
     return value or None  # "" is Pulumi.yaml's default for an unset optional secret
 
 
+def api_role(head: dict[str, Any]) -> str:
+    """The role of the container that serves the API on the head: vLLM (ray) or rank 0."""
+    return commands.LEADER if commands.LEADER in head["containers"] else commands.VLLM
+
+
 def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: bool
                ) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None, str]:
     target = _target(node, key)
@@ -191,7 +196,7 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: b
     cache = node.get("compileCache") or "none"
     if cache != "none":  # its size: what the node keeps for warm restarts
         script += f"\necho '---cache'\ndu -sk {shlex.quote(cache)} 2>/dev/null | cut -f1"
-    if head:
+    if head and commands.HEAD in roles:  # backend native has no Ray to ask
         head_name = shlex.quote(roles[commands.HEAD])
         script += (f"\necho '---ray'\ntimeout 30 docker exec -i {head_name} python3 - "
                    "2>&1 <<'PY' | tail -n 1\n" + _RAY_NODES_PY + "PY\n")
@@ -210,7 +215,7 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: b
         views.append(ContainerView(node["name"], role, name, state, cid,
                                    expected.get(f"{node['name']}/{role}", "")))
     ray = None
-    if head:
+    if head and commands.HEAD in roles:
         try:
             ray = json.loads(ray_text.strip().splitlines()[-1])
         except (ValueError, IndexError):
@@ -251,7 +256,7 @@ def classify(line: str, seen: list[str]) -> tuple[str, str]:
 def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, str]:
     """vLLM's liveness, read on the head as `pulumi refresh` reads it."""
     target = _target(node, key)
-    name = node["containers"][commands.VLLM]
+    name = node["containers"][api_role(node)]
     try:
         proc = ssh.run(target, commands.inspect_script(name, check),
                        stdin=commands.script_text("vllm_liveness.py"),
@@ -319,6 +324,9 @@ def collect(stack: Any) -> Report:
             report.unreachable[node["name"]] = unreachable
         if ray is not None:
             ray_table = ray
+    if commands.HEAD not in nodes[0]["containers"]:  # backend native: no Ray
+        report.ray_ok = True
+        return report
     alive = {r["ip"]: r["gpus"] for r in ray_table or []}
     for node in nodes:
         ip = node["identityIp"]
@@ -355,8 +363,8 @@ def stop_vllm(report: Report) -> None:
     the memory check sees what a new vLLM would get. The repair replaces it either way (its
     liveness reads "exited"). A container that no longer runs is left as it is."""
     head = report.nodes[0]
-    name = head["containers"][commands.VLLM]
-    vllm = [c for c in report.containers if c.role == commands.VLLM]
+    name = head["containers"][api_role(head)]
+    vllm = [c for c in report.containers if c.role == api_role(head)]
     if vllm and vllm[0].state == "running":
         print(f"[status] stopping {name} on {head['name']} ({report.vllm_state}) before the "
               "repair, so that its memory is seen coming back", flush=True)

@@ -22,7 +22,7 @@ import subprocess
 import sys
 from typing import Any
 
-from . import errors, ssh, status
+from . import commands, errors, ssh, status
 
 CMD = "command:remote:Command"
 
@@ -36,8 +36,13 @@ def container_commands(nodes: list[dict[str, Any]], node: str) -> list[str]:
     names = [n["name"] for n in nodes]
     if node not in names:
         raise LookupError(f"no node {node!r} in the stack's outputs (nodes: {', '.join(names)})")
-    if names.index(node) == 0:
+    roles = next(n for n in nodes if n["name"] == node).get("containers") or {}
+    if names.index(node) == 0:  # vLLM's container first: it depends on the others
+        if commands.LEADER in roles:
+            return ["vllm-leader"]
         return ["vllm-serve", "ray-head"]
+    if commands.RANK in roles:
+        return [f"vllm-rank-{node}"]
     return [f"ray-worker-{node}"]
 
 

@@ -12,7 +12,9 @@ import shlex
 from ..commands import (
     _VLLM_ENTRY_SH,
     HEAD,
+    LEADER,
     LISTENING_SH,
+    RANK,
     VLLM,
     VLLM_CONFIG_ROOT,
     VLLM_FILES_DIR,
@@ -24,6 +26,7 @@ from ..commands import (
     script_text,
     serve_ready_lines,
     start_script,
+    stop_other_backend,
     vllm_serve_args,
 )
 from ..spec import ClusterSpec, NodeSpec
@@ -45,6 +48,11 @@ PG_WAITING_MARK = "Waiting for creating a placement group"
 # retrying for minutes. The head is up by then (its command waited for it), so the path from
 # this node to the head's identity IP is broken: the fabric, a route or a firewall.
 GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
+
+
+def roles(index: int) -> tuple[str, ...]:
+    """The Ray head and vLLM (the driver) on nodes[0]; a Ray worker on every other node."""
+    return (HEAD, VLLM) if index == 0 else (WORKER,)
 
 
 def ray_head_args(spec: ClusterSpec) -> list[str]:
@@ -95,7 +103,8 @@ def head_start_script(spec: ClusterSpec) -> str:
         spec, node, HEAD, head_run_argv(spec), cache=True,
         # Anything else on rayPort (a Redis listens on 6379 by default) would pass the
         # readiness test below while Ray's GCS fails to bind: refuse it by name first.
-        before_run=[f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
+        before_run=[stop_other_backend(spec, (LEADER,), "native"),
+                    f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
                     f'use on {node.name} by a process outside this stack"; fi'],
         ready=_wait_loop(listening, spec.ray_timeout,
                          f"the Ray head's GCS to listen on port {spec.ray_port}", [],
@@ -114,6 +123,7 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
     )
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
+        before_run=[stop_other_backend(spec, (RANK,), "native")],
         ready=_wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
                          f"Ray worker to join the head at {gcs}", [unreachable]))
 

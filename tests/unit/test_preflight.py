@@ -27,7 +27,7 @@ case "$tool:$1:$FAKE_MODE" in
   docker:pull:pull-fails) echo "Error response from daemon: pull access denied" >&2; exit 1 ;;
   docker:pull:*) exit 0 ;;
   docker:run:no-vllm) echo "no vllm command in the image"; exit 1 ;;
-  docker:run:no-ray) echo "ModuleNotFoundError: No module named 'ray'"; exit 1 ;;
+  docker:run:no-ray) echo "none 3.12.3 0.33.0" ;;
   docker:run:*) echo "2.60.0 3.12.3 0.33.0" ;;
   nvidia-smi:*:no-gpu) echo "No devices were found" ;;
   nvidia-smi:*:*) echo "GPU 0: NVIDIA GB10 (UUID: GPU-1)" ;;
@@ -94,8 +94,11 @@ def preflight(tmp: Path, mode: str, at: int = 0,
                           "docker save IMAGE | ssh NODE docker load"),
     ("pull-fails", {"imagePull": "always"}, "docker pull img:1 failed"),
     ("pull-fails", {"imagePull": "missing"}, "docker pull img:1 failed"),
-    ("no-vllm", {}, "image has no python3 with ray and vllm: no vllm command in the image"),
-    ("no-ray", {}, "image has no python3 with ray and vllm: ModuleNotFoundError"),
+    ("no-vllm", {}, "image has no python3 with vllm: no vllm command in the image"),
+    # vLLM images without Ray (vLLM dropped the dependency): the ray backend names the other
+    ("no-ray", {}, "image img:1 has no Ray (python3 cannot import ray): backend ray starts Ray "
+                   "from it; use an image with Ray, or set backend: native (vLLM's own "
+                   "multi-node, no Ray)"),
     ("no-rsync", {}, "rsync is not installed: modelStaging download copies the model with rsync "
                      "and checks it with python3 (or set modelStaging: none)"),
 ], ids=["no-docker", "daemon-down", "no-gpu", "no-interface", "ip-not-on-interface",
@@ -122,6 +125,12 @@ def test_a_healthy_node_passes_with_its_summary(tmp_path: Path) -> None:
                        "python": "3.12.3", "vllm": "0.33.0"}
     assert not any(call.startswith("docker pull") for call in calls)  # present: not pulled
     assert os.path.exists(tmp_path / ".spark-vllm" / "image-versions" / "feedface")
+
+
+def test_backend_native_accepts_an_image_without_ray(tmp_path: Path) -> None:
+    proc, _ = preflight(tmp_path, "no-ray", backend="native")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["ray"] == "none"
 
 
 def test_a_worker_is_checked_against_its_own_fields(tmp_path: Path) -> None:

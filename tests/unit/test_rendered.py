@@ -27,6 +27,9 @@ CASES: dict[str, tuple[int, dict[str, Any]]] = {
     "duo-unstaged-nocache": (2, {"modelStaging": "none", "compileCache": "none"}),
     "duo-tcp-digest-len": (2, {"copyTransport": "tcp", "copyStreams": 4, "maxModelLen": 8192,
                                "imageDigest": "sha256:" + "ab" * 32}),
+    "duo-native": (2, {"backend": "native", "env": {"NCCL_DEBUG": "WARN"}}),
+    "four-native-pp2": (4, {"backend": "native", "tensorParallelSize": 2,
+                            "pipelineParallelSize": 2, "masterPort": 29600}),
 }
 
 
