@@ -43,9 +43,10 @@ RUNNING = "running"  # liveness.py RUNNING
 COMPLETE = "complete"  # liveness.py COMPLETE (a staged model)
 
 PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "gate", "vLLM"
+RANK = "vLLM rank"  # backend native: a headless rank (native_group.py); rank 0 is VLLM
 IMAGES, MODEL, COPY = "image check", "model", "model copy"  # image_check.py, staging.py
 MEMORY = "memory check"  # memory_check.py
-ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, HEAD, WORKER, GATE, VLLM)
+ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, HEAD, WORKER, GATE, RANK, VLLM)
 CHECKS = (PREFLIGHT, IMAGES, MEMORY, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
 # pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
@@ -103,12 +104,30 @@ class Summary:
     errors: tuple[str, ...] = ()  # error diagnostics: the preview failed
     other_changes: int = 0  # changing resources that are no row (liveness companions, providers)
     compile_cache: str = ""  # whether a vLLM (re)start finds the nodes' compile caches warm
+    backend_before: str = ""  # ray or native, as the state has it ("" when nothing ran)
+    backend_after: str = ""  # as the plan has it ("" when nothing runs after)
 
     def changed(self) -> list[Row]:
         return [r for r in self.rows if r.action != KEEP]
 
     def ray_nodes(self, *actions: str) -> list[str]:
         return [r.node for r in self.rows if r.role in (HEAD, WORKER) and r.action in actions]
+
+    def rank_nodes(self, *actions: str) -> list[str]:
+        return [r.node for r in self.rows if r.role == RANK and r.action in actions]
+
+    @property
+    def native(self) -> bool:
+        """The plan runs backend native (vLLM's own multi-node, no Ray) after it."""
+        return self.backend_after == "native"
+
+    @property
+    def backend_switch(self) -> tuple[str, str] | None:
+        """(old, new) when the plan moves the stack from one backend to the other."""
+        if self.backend_before and self.backend_after and \
+                self.backend_before != self.backend_after:
+            return self.backend_before, self.backend_after
+        return None
 
     @property
     def vllm(self) -> Row | None:
@@ -234,7 +253,10 @@ def _role(name: str) -> tuple[str, str | None] | None:
         return WORKER, name.removeprefix("ray-worker-")
     if name.startswith("model-copy-"):
         return COPY, name.removeprefix("model-copy-")
+    if name.startswith("vllm-rank-"):
+        return RANK, name.removeprefix("vllm-rank-")
     return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
+            "vllm-leader": (VLLM, None),
             "image-check": (IMAGES, None), "model-stage": (MODEL, None),
             "memory-check": (MEMORY, None)}.get(name)
 
@@ -394,6 +416,10 @@ def consequence(role: str, action: str) -> str:
         return {KEEP: "keeps running", CREATE: "Ray starts on this node",
                 REPLACE: "Ray restarted on this node", DELETE: "Ray stopped on this node",
                 UPDATE: "nothing restarts"}[action]
+    if role == RANK:
+        return {KEEP: "keeps running", CREATE: "a headless vLLM rank loads its part (no Ray)",
+                REPLACE: "its headless vLLM rank restarts and reloads its part (no Ray)",
+                DELETE: "its vLLM rank stops", UPDATE: "nothing restarts"}[action]
     if role == VLLM:
         return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
                 REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",
@@ -456,6 +482,8 @@ def _place(commands: list[_Command]) -> tuple[list[str], dict[tuple[str, str], _
                     found.setdefault((head, HEAD if key == "rayHead" else GATE), None)
                 elif key.startswith("rayWorker@"):
                     found.setdefault((key.removeprefix("rayWorker@"), WORKER), None)
+                elif key.startswith("rank@"):
+                    found.setdefault((key.removeprefix("rank@"), RANK), None)
     others = sorted({node for node, _ in found} - {head}, key=_natural)
     return [head, *others], found
 
@@ -483,7 +511,28 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     errors = tuple(str(d.get("message", "")).strip() for d in preview.get("diagnostics") or []
                    if isinstance(d, dict) and d.get("severity") == "error")
     vllm = next((res for (_, role), res in found.items() if role == VLLM and res), None)
-    return Summary(stack, tuple(rows), errors, other, cache_note(vllm))
+    before, after = _backends(commands)
+    return Summary(stack, tuple(rows), errors, other, cache_note(vllm), before, after)
+
+
+def _backends(commands: list[_Command]) -> tuple[str, str]:
+    """The backend before and after the plan, from the containers' facts (a Ray container's
+    facts have no backend: Ray)."""
+    def of(props: dict[str, Any] | None, role: str) -> str:
+        facts, _ = _split(role, props)
+        if not facts:
+            return ""
+        return str(facts.get("backend") or "ray")
+
+    before = after = ""
+    for role, _, res in commands:
+        if role not in (HEAD, WORKER, RANK, VLLM):
+            continue
+        if res.action != CREATE:
+            before = before or of(res.old, role)
+        if res.action != DELETE:
+            after = after or of(res.new, role)
+    return before, after
 
 
 # what vLLM's torch.compile cache keys on, among the facts (vllm/compilation/backends.py: the
@@ -535,6 +584,11 @@ def headline(s: Summary, markdown: bool = False) -> str:
         what = {REPLACE: "vLLM reloads the model", CREATE: "vLLM loads the model",
                 DELETE: "vLLM stops"}.get(v.action, "vLLM changes in place")
         parts.append(f"{loud(what)} ({v.node})")
+    if switch := s.backend_switch:
+        parts.insert(0, loud(f"The backend changes from {switch[0]} to {switch[1]}")
+                     + ": every container is replaced, the old ones stopped first on each node")
+    if ranks := s.rank_nodes(REPLACE, CREATE):
+        parts.append(f"vLLM's headless ranks restart on {', '.join(ranks)} (no Ray)")
     if restarted := s.ray_nodes(REPLACE):
         parts.append(f"Ray restarts on {_count(len(restarted), 'node')}")
     if started := s.ray_nodes(CREATE):
@@ -545,7 +599,7 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"the model is copied to {', '.join(copies)}")
     elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
         parts.append("the model is staged again on the head")
-    if parts and not (restarted or started or stopped):
+    if parts and not (restarted or started or stopped) and not s.native:
         parts.append("Ray keeps running")
     if not parts:
         checks = [r for r in s.changed() if r.role in CHECKS]
@@ -561,12 +615,21 @@ _VLLM_SAYS = {REPLACE: "yes (reloads the model: minutes of downtime on a Spark)"
 
 def what_restarts(s: Summary) -> str:
     ray = s.ray_nodes(REPLACE, CREATE)
-    line = (f"What restarts: Ray on {_count(len(ray), 'node')} ({', '.join(ray)})" if ray
-            else "What restarts: Ray on no node")
+    ranks = s.rank_nodes(REPLACE, CREATE)
+    if s.native:
+        line = (f"What restarts (backend native, no Ray): vLLM's headless ranks on "
+                f"{_count(len(ranks), 'node')} ({', '.join(ranks)})" if ranks else
+                "What restarts (backend native, no Ray): no headless rank")
+    else:
+        line = (f"What restarts: Ray on {_count(len(ray), 'node')} ({', '.join(ray)})" if ray
+                else "What restarts: Ray on no node")
     v = s.vllm
     line += f"; vLLM: {_VLLM_SAYS.get(v.action, 'yes') if v else 'no'}."
     if stopped := s.ray_nodes(DELETE):
         line += f" Ray stops on {', '.join(stopped)}."
+    if switch := s.backend_switch:
+        line += (f" The backend changes from {switch[0]} to {switch[1]}: each new container "
+                 f"stops the {switch[0]} backend's on its node before it starts.")
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     if s.compile_cache:

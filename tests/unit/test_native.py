@@ -1,0 +1,174 @@
+"""Backend native (vLLM's own multi-node, no Ray): its argv, its graph, its fail-fast shell."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_vllm import commands as c
+from spark_vllm.backends import native
+from spark_vllm.spec import SpecError
+from tests.unit.harness import lab_nodes, run, spec_from
+
+
+def nspec(n: int = 2, **top: object) -> c.ClusterSpec:
+    return spec_from(lab_nodes(n), stack="nat", **{"backend": "native", **top})
+
+
+def serve_args(argv: list[str]) -> list[str]:
+    return argv[argv.index("serve") + 1:]
+
+
+def test_every_node_runs_vllm_serve_with_its_rank_and_rank_0s_address() -> None:
+    spec = nspec(2)
+    leader, rank = native.leader_run_argv(spec), native.rank_run_argv(spec, spec.nodes[1])
+    assert leader[:3] == ["docker", "create", "--name"]  # given the middleware, then started
+    assert rank[:3] == ["docker", "run", "--detach"]
+    common = ["org/model", "--tensor-parallel-size", "2", "--pipeline-parallel-size", "1",
+              "--distributed-executor-backend", "mp", "--nnodes", "2"]
+    assert serve_args(leader)[:len(common)] == common
+    assert serve_args(rank)[:len(common)] == common
+    head_ip = spec.head.identity_ip
+    assert serve_args(leader)[len(common):len(common) + 6] == [
+        "--node-rank", "0", "--master-addr", head_ip, "--master-port", "29501"]
+    assert serve_args(rank)[len(common):len(common) + 7] == [
+        "--node-rank", "1", "--master-addr", head_ip, "--master-port", "29501", "--headless"]
+    assert "--headless" not in leader
+    # each node's own identity and fabric, no Ray session path, no Ray address
+    env = [leader[i + 1] for i, a in enumerate(leader) if a == "--env"]
+    assert f"VLLM_HOST_IP={head_ip}" in env and "NCCL_SOCKET_IFNAME=enp1s0f1np1" in env
+    renv = [rank[i + 1] for i, a in enumerate(rank) if a == "--env"]
+    assert f"VLLM_HOST_IP={spec.nodes[1].identity_ip}" in renv
+    assert "NCCL_SOCKET_IFNAME=enp2s0f1np1" in renv
+    assert not [e for e in env + renv if e.startswith(("VLLM_RPC_BASE_PATH", "RAY_ADDRESS"))]
+
+
+def test_one_node_is_plain_mp_without_multi_node_flags() -> None:
+    spec = nspec(1)
+    args = serve_args(native.leader_run_argv(spec))
+    assert "--nnodes" not in args and "--headless" not in args
+    assert args[args.index("--distributed-executor-backend") + 1] == "mp"
+
+
+@pytest.mark.parametrize(("arg", "owner"), [
+    ("--nnodes=2", "backend and nodes"), ("--node_rank", "backend and nodes"),
+    ("--master-port", "masterPort"), ("--headless", "backend (every node but nodes[0])"),
+    ("-dp", "(one engine"), ("--data-parallel-size-local", "(one engine)"),
+    ("--distributed-executor-backend", "backend"),
+])
+def test_program_owned_native_flags_are_refused_in_vllm_args(arg: str, owner: str) -> None:
+    with pytest.raises(SpecError) as err:
+        nspec(2, vllmArgs=[arg, "1"])
+    assert "vllmArgs[0]" in str(err.value) and owner in str(err.value)
+
+
+def test_native_needs_the_same_gpus_on_every_node_and_its_own_master_port() -> None:
+    nodes = lab_nodes(2)
+    nodes[1]["gpus"] = 2
+    with pytest.raises(SpecError) as err:
+        spec_from(nodes, backend="native", tensorParallelSize=3)
+    assert "world_size / nnodes ranks on every node" in str(err.value)
+    with pytest.raises(SpecError) as err:
+        nspec(2, port=29501)
+    assert "port: 29501 is also masterPort" in str(err.value)
+    with pytest.raises(SpecError):
+        nspec(2, backend="kubernetes")
+
+
+def test_the_graph_starts_headless_ranks_then_rank_0_which_depends_on_every_one() -> None:
+    g = run(nspec(3, tensorParallelSize=3))
+    assert not [n for n in g if n.startswith("ray-")]
+    assert g["vllm"].type == "spark-vllm:native:NativeGroup"
+    leader = g["vllm-leader"]
+    for node in ("node-2", "node-3"):
+        rank = g[f"vllm-rank-{node}"]
+        assert rank.urn in leader.dependencies
+        assert leader.plain("triggers")[1][f"rank@{node}"] == f"cid-vllm-rank-{node}\n"
+        facts = rank.plain("triggers")[0]
+        # a vLLM change restarts every rank: each runs the engine's arguments
+        assert facts["backend"] == "native" and facts["vllmArgs"] == []
+        assert facts["rank"] == int(node[-1]) - 1 and facts["master"].endswith(":29501")
+        assert g["memory-check"].urn in rank.dependencies  # memory admission first
+    assert leader.delete_before_replace and "*" in leader.replace_on_changes
+
+
+def _joined_fn(spec: c.ClusterSpec, tcp: Path, tcp6: Path) -> str:
+    lines = native.join_lines(spec)
+    start = next(i for i, line in enumerate(lines) if line.startswith("peers="))
+    end = lines.index("}", start)
+    return "\n".join(lines[start:end + 1]).replace("/proc/net/tcp /proc/net/tcp6",
+                                                   f"{tcp} {tcp6}")
+
+
+HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid\n"
+
+
+def test_rank_0_counts_a_node_joined_by_its_connection_to_the_master_port(
+        tmp_path: Path) -> None:
+    spec = nspec(3, tensorParallelSize=3)
+    n2, n3 = (native._hex4(n.identity_ip) for n in spec.workers)
+    port = f"{spec.master_port:04X}"
+    tcp, tcp6 = tmp_path / "tcp", tmp_path / "tcp6"
+
+    def joined(v4: list[str], v6: list[str]) -> tuple[int, str]:
+        tcp.write_text(HEADER + "".join(v4))
+        tcp6.write_text(HEADER + "".join(v6))
+        script = _joined_fn(spec, tcp, tcp6) + '\njoined; rc=$?; echo "$rc|$seen|$missing"\n'
+        out = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                             check=True).stdout.strip()
+        rc, seen, missing = out.split("|")
+        return int(rc), f"seen:{seen} missing:{missing}"
+
+    head = native._hex4(spec.head.identity_ip)
+    listen = f"   0: 00000000:{port} 00000000:0000 0A 0 0 0 0 0 0\n"
+    est2 = f"   1: {head}:{port} {n2}:9A3C 01 0 0 0 0 0 0\n"
+    # node-3's rank dials the master over IPv6-mapped IPv4 (a dual-stack TCPStore)
+    est3_v6 = (f"   0: 0000000000000000FFFF0000{head}:{port} "
+               f"0000000000000000FFFF0000{n3}:B00B 01 0 0 0 0 0 0\n")
+    # a connection from node-3 to another port, and one from node-3 still in SYN_RECV (03)
+    other = f"   2: {head}:1F90 {n3}:9A3D 01 0 0 0 0 0 0\n"
+    syn = f"   3: {head}:{port} {n3}:9A3E 03 0 0 0 0 0 0\n"
+    assert joined([listen, other, syn], []) == (
+        1, "seen: missing: node-2 (192.168.231.12) node-3 (192.168.231.13)")
+    assert joined([listen, est2], []) == (1, "seen: node-2 (192.168.231.12) missing: "
+                                             "node-3 (192.168.231.13)")
+    assert joined([listen, est2], [est3_v6]) == (
+        0, "seen: node-2 (192.168.231.12) node-3 (192.168.231.13) missing:")
+
+
+def _reach(master: str, port: int) -> tuple[subprocess.CompletedProcess[str], float]:
+    nodes = lab_nodes(2)
+    nodes[0]["fabricIp"] = master
+    nodes[1].update(fabricIp="127.0.0.2", fabricInterface="lo")
+    spec = spec_from(nodes, backend="native", masterPort=port)
+    script = "\n".join(["fail() { echo \"FAILED: $*\"; exit 1; }",
+                        *native._reach_lines(spec, spec.nodes[1]), "echo reached"])
+    t0 = time.monotonic()
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    return proc, time.monotonic() - t0
+
+
+def test_a_headless_node_reaches_rank_0_when_it_refuses_or_accepts() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        free = s.getsockname()[1]  # closed again: nothing listens there
+    proc, _ = _reach("127.0.0.1", free)
+    assert proc.stdout.strip() == "reached", proc.stdout + proc.stderr
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        proc, _ = _reach("127.0.0.1", srv.getsockname()[1])
+    assert proc.stdout.strip() == "reached", proc.stdout + proc.stderr
+
+
+def test_a_headless_node_that_cannot_reach_rank_0_is_named_in_seconds() -> None:
+    # TEST-NET-1 (RFC 5737): routed nowhere from here; `ip route get` answers over lo only
+    # for loopback, so the route check names the wrong link first
+    proc, took = _reach("192.0.2.1", 29501)
+    assert proc.returncode == 1 and took < native.REACH_TIMEOUT_S + 3
+    assert "FAILED: node-2 reaches rank 0 (node-1, 192.0.2.1:29501) over" in proc.stdout
+    assert "not its fabricInterface lo" in proc.stdout
