@@ -2,11 +2,12 @@
 SHELL := /bin/bash
 PY    := .venv/bin/python
 NODES ?= 2
+BACKEND ?= ray
 
 .PHONY: help venv tools deps test unit lint demo demo-down bench lab-up lab-down fidelity
 
 help:
-	@echo "make demo       lab up (simulated Spark nodes) + pulumi up + a chat completion"
+	@echo "make demo       lab up (simulated Spark nodes) + pulumi up + a chat completion (BACKEND=native: no Ray)"
 	@echo "make demo-down  pulumi destroy + lab down"
 	@echo "make test       venv from scratch + every test (unit, simulator, real engine on the lab)"
 	@echo "make unit       fast tests only (no Docker, no engine)"
@@ -45,7 +46,7 @@ test: venv tools
 	$(PY) -m pytest -q -ra
 
 demo: venv tools deps
-	bash lab/demo.sh up $(NODES)
+	BACKEND=$(BACKEND) bash lab/demo.sh up $(NODES)
 
 demo-down: venv tools
 	bash lab/demo.sh down

@@ -16,12 +16,14 @@ from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
 from bench.contenders.launcher import Launcher
-from bench.contenders.spark_vllm import SparkVllm
+from bench.contenders.spark_vllm import SparkVllm, SparkVllmNative
 from lab import cluster, config, envsh
 from spark_vllm.spec import DEFAULT_RAY_TIMEOUT_S
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CHOICES = ("spark-vllm", "launcher", "bare")
+CHOICES = ("spark-vllm", "launcher", "bare", "spark-vllm-native")
+# --only backends: cold up and env change, Ray against native, recorded side by side
+BACKENDS = "backends"
 # Container name prefixes of the three contenders (spark-vllm's stack, the bare path, ray up).
 OURS = (f"spark-vllm-{STACK}-", "spark-vllm-bare-", "spark-bench-ray")
 
@@ -30,7 +32,8 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
     ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
-    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging", "copy"],
+    ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging", "copy",
+                                       BACKENDS],
                     help="one scenario (its prerequisite steps run untimed-in-the-report)")
     ap.add_argument("--contenders", default=",".join(CHOICES),
                     help="comma-separated subset of %(default)s")
@@ -53,6 +56,8 @@ def _contenders(names: list[str], lab: Lab) -> list[Contender]:
             made[name] = Launcher(lab)
         elif name == "bare":
             made[name] = Bare(lab, stack_file)
+        elif name == "spark-vllm-native":
+            made[name] = SparkVllmNative(lab, stack_file)
     return [made[n] for n in names]
 
 
@@ -69,7 +74,14 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
     try:
         for r in range(1, args.runs + 1):
             say(f"{n} nodes, run {r}/{args.runs}")
-            if args.only not in (scenarios.JOIN, "staging", "copy"):
+            if args.only == BACKENDS:
+                # interleaved, the first one alternating: each run's two lifecycles share the
+                # lab's state as evenly as two can
+                for c in (contenders if r % 2 else list(reversed(contenders))):
+                    runs += scenarios.lifecycle(c, lab, r, "env_change",
+                                                record={"cold_up", "env_change"})
+                    save()
+            elif args.only not in (scenarios.JOIN, "staging", "copy"):
                 for c in contenders:
                     runs += scenarios.lifecycle(c, lab, r, args.only)
                     save()
@@ -121,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         args.runs, args.nodes = 1, "2"
     sizes = [int(x) for x in args.nodes.split(",") if x]
     names = [x for x in args.contenders.split(",") if x]
+    if args.only == BACKENDS:
+        names = ["spark-vllm", "spark-vllm-native"]
     if bad := [x for x in names if x not in CHOICES]:
         print(f"unknown contender(s): {bad}; choose from {CHOICES}", file=sys.stderr)
         return 2
@@ -148,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
             result["preview"] = preview_scale.run_all(args.runs)
     except KeyboardInterrupt:
         say("interrupted: writing what was measured")
+    if args.only == BACKENDS:
+        result["backends"] = scenarios.backends_summary(result["runs"])
+        for line in result["backends"]["lines"]:
+            say(line)
     write_outputs(result, stamp)
     say(f"wrote bench/results/{stamp}.json and latest.{{json,md,png}}")
     print((RESULTS / "latest.md").read_text())

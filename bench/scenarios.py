@@ -68,11 +68,14 @@ def _to_serving(lab: Lab, step: Callable[[], Outcome]) -> tuple[float, Outcome]:
     return time.monotonic() - t0, out
 
 
-def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None) -> list[dict[str, Any]]:
-    """The lifecycle; with `only`, just the steps that scenario needs, recording that one."""
+def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
+              record: set[str] | None = None) -> list[dict[str, Any]]:
+    """The lifecycle; with `only`, just the steps that scenario needs, recording that one (or
+    the steps in `record`)."""
     records: list[dict[str, Any]] = []
     # the wedge is measured next to the dead-worker figure (the reboot runs before it anyway)
     kept = {only, "worker_reboot"} if only == "wedge_repair" else {only}
+    kept |= record or set()
     keep = (lambda name: True) if only is None else (lambda name: name in kept)
     c.clean()
     c.reset()
@@ -142,3 +145,25 @@ def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, An
     rec["cap_s"] = cap_s
     c.clean()
     return rec
+
+
+def backends_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of cold up and env change per backend, and native / Ray."""
+    import statistics
+
+    out: dict[str, Any] = {"lines": []}
+    for scenario in ("cold_up", "env_change"):
+        med = {}
+        for who in ("spark-vllm", "spark-vllm-native"):
+            xs = [r["seconds"] for r in runs if r["contender"] == who
+                  and r["scenario"] == scenario and r["ok"] and r["seconds"] is not None]
+            med[who] = statistics.median(xs) if xs else None
+            out[f"{scenario}/{who}"] = {"median": med[who], "runs": xs}
+        ray, native = med["spark-vllm"], med["spark-vllm-native"]
+        ratio = native / ray if ray and native else None
+        out[f"{scenario}/native_over_ray"] = ratio
+        out["lines"].append(
+            f"{scenario}: ray {ray if ray is None else f'{ray:.1f} s'}, native "
+            f"{native if native is None else f'{native:.1f} s'}"
+            + (f", native / ray {ratio:.2f} x" if ratio else ""))
+    return out

@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--sim-vllm-version", default=config.SIM_VLLM_VERSION,
                     choices=[config.SIM_VLLM_VERSION, config.LEGACY_SIM_VLLM_VERSION],
                     help="the vLLM release vllm-sim plays (default %(default)s)")
+    up.add_argument("--backend", default="ray", choices=["ray", "native"],
+                    help="spark-vllm's backend in the stack file (default %(default)s)")
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
     down = sub.add_parser("down", help="remove every lab container, network and volume")
@@ -110,7 +112,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         cluster.up(cluster.UpOptions(
             nodes=args.nodes, mgmt_subnet=args.mgmt_subnet, fabric_subnet=args.fabric_subnet,
             stack=args.stack, tp=args.tp, pp=args.pp, quiet=args.quiet,
-            sim_vllm_version=args.sim_vllm_version,
+            sim_vllm_version=args.sim_vllm_version, backend=args.backend,
         ))
         for line in cluster.status():
             print(line)

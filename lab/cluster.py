@@ -34,6 +34,7 @@ class UpOptions:
     # the vLLM release the simulator plays (lab/vllm_sim/README.md); another than the default
     # is served by its own image tag (images.inner_image_tag)
     sim_vllm_version: str = config.SIM_VLLM_VERSION
+    backend: str = "ray"  # the stack's backend: ray or native (no Ray)
 
 
 @dataclass
@@ -173,7 +174,8 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
         p.say(f"  {model.describe(model.ensure(want[0]))}")
     with p.step("stack file"):
         tp = opts.tp if opts.tp is not None else opts.nodes
-        path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp, image=inner)
+        path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp, image=inner,
+                               backend=opts.backend)
     p.say(f"lab up: {opts.nodes} node(s) in {p.elapsed():.1f}s; stack file {path.relative_to(config.REPO_DIR)}")
     return LabInfo(want, opts.mgmt_subnet, opts.fabric_subnet, opts.stack, dict(p.timings))
 

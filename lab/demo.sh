@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make demo` / `make demo-down`: the real program, through the real `pulumi` CLI, onto the lab.
 #   lab/demo.sh up [NODES]   lab up → pulumi up --stack lab → endpoint, Ray's nodes, a chat
+#                            (BACKEND=native: vLLM's own multi-node, no Ray; each node's rank)
 #   lab/demo.sh down         pulumi destroy --stack lab → lab down
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -9,6 +10,7 @@ cd "$REPO"
 source lab/env.sh          # PATH with pulumi + providers, file backend under .lab/, no update checks
 PY=.venv/bin/python
 STACK=${SPARK_VLLM_STACK:-lab}
+BACKEND=${BACKEND:-ray}
 
 step() { echo; echo "==> $* ($(date +%T))"; }
 t0=$(date +%s)
@@ -18,7 +20,7 @@ case "${1:-up}" in
 up)
   nodes=${2:-2}
   step "lab: $nodes simulated DGX Spark nodes"
-  $PY -m lab up --nodes "$nodes" --stack "$STACK"
+  $PY -m lab up --nodes "$nodes" --stack "$STACK" --backend "$BACKEND"
   step "pulumi stack $STACK (file backend: $PULUMI_BACKEND_URL)"
   pulumi stack select --create "$STACK" >/dev/null
   # Secrets go in through stdin, never argv; the lab makes its own SSH key and API key.
@@ -30,6 +32,13 @@ up)
   endpoint=$(pulumi stack output endpoint --stack "$STACK")
   model=$(pulumi stack output servedModelName --stack "$STACK")
   step "endpoint: $endpoint (model $model)"
+  if [ "$BACKEND" = native ]; then
+    step "backend native: one vLLM container per node (no Ray)"
+    for i in $(seq 1 "$nodes"); do
+      $PY -m lab ssh "node-$i" docker ps --filter "label=spark-vllm.stack=$STACK" \
+        --format "node-$i {{.Names}} {{.Status}}"
+    done
+  else
   step "Ray's own node table (ray.nodes() on the head)"
   $PY -m lab ssh node-1 docker exec -i "spark-vllm-$STACK-ray-head" python3 - <<'PY'
 import ray
@@ -39,6 +48,7 @@ for n in sorted(ray.nodes(), key=lambda n: n["NodeManagerAddress"]):
     if n["Alive"]:
         print(f"{n['NodeManagerAddress']:<20}{str(n['Alive']):<7}{n['Resources'].get('GPU', 0):g}")
 PY
+  fi
   step "a chat completion through $endpoint"
   $PY - "$endpoint" "$model" <<'PY'
 import json, sys, urllib.request

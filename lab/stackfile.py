@@ -32,7 +32,8 @@ def _existing(path: Path) -> dict[str, Any]:
 
 
 def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp: int,
-           previous: dict[str, Any] | None = None, image: str = config.INNER_IMAGE) -> str:
+           previous: dict[str, Any] | None = None, image: str = config.INNER_IMAGE,
+           backend: str = "ray") -> str:
     """The stack file text. `previous` is the old file's data (secrets and salt kept)."""
     previous = previous or {}
     cfg: dict[str, Any] = {
@@ -58,6 +59,7 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
         f"{NS}:env": {"NCCL_DEBUG": "WARN"},
         f"{NS}:dockerGpus": "none",
         f"{NS}:checkGpu": False,
+        **({f"{NS}:backend": backend} if backend != "ray" else {}),
     }
     old_cfg = previous.get("config")
     if not isinstance(old_cfg, dict):
@@ -75,9 +77,10 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
 
 
 def write(stack: str, nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp: int,
-          image: str = config.INNER_IMAGE) -> Path:
+          image: str = config.INNER_IMAGE, backend: str = "ray") -> Path:
     path = config.stack_file(stack)
-    text = render(nodes, host_keys, tp=tp, pp=pp, previous=_existing(path), image=image)
+    text = render(nodes, host_keys, tp=tp, pp=pp, previous=_existing(path), image=image,
+                  backend=backend)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists() or path.read_text() != text:
         tmp = path.with_suffix(".yaml.tmp")

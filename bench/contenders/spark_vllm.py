@@ -45,6 +45,7 @@ class SparkVllm(Contender):
     name = "spark-vllm"
     label = "pulumi up"
     detects_wedge = True  # the liveness canary and token counter (docs/operations.md)
+    backend = "ray"
 
     def __init__(self, lab: Lab, stack_file: Path) -> None:
         super().__init__(lab)
@@ -80,6 +81,10 @@ class SparkVllm(Contender):
         else:
             cfg[ns + "vllmArgs"] = ["--max-model-len", str(self.state.max_model_len)]
         cfg.pop(ns + "rayTimeout", None)  # the default, as a user runs it
+        if self.backend == "ray":
+            cfg.pop(ns + "backend", None)
+        else:
+            cfg[ns + "backend"] = self.backend
         cfg[ns + "vllmTimeout"] = VLLM_TIMEOUT_S
         self.stack_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
 
@@ -143,3 +148,11 @@ class SparkVllm(Contender):
                 '[ -z "$ids" ] || docker rm -f -v $ids >/dev/null', log=self.log)
         self._pulumi("stack", "rm", "--yes", "--force", "--preserve-config", STACK)
         self.prepare()
+
+
+class SparkVllmNative(SparkVllm):
+    """The same program and stack with `backend: native` (vLLM's own multi-node, no Ray)."""
+
+    name = "spark-vllm-native"
+    label = "pulumi up (backend native)"
+    backend = "native"

@@ -1,0 +1,235 @@
+"""Backend native (vLLM's own multi-node, no Ray) on the real engine against a 2-node lab, in
+order: fresh up, env change in order, vLLM-only change, a dead headless rank repaired, a node
+that cannot reach rank 0 named in seconds, the switch to Ray and back (each in order), destroy.
+Each scenario asserts on the engine's steps and on what docker says on the nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from lab import cluster
+from tests.integration.conftest import API_KEY, _teardown, start_lab
+from tests.integration.engine import (
+    REPO,
+    STACK,
+    Lab,
+    Run,
+    chat,
+    containers,
+    docker_events,
+    engine_env,
+    node_sh,
+)
+
+pytestmark = pytest.mark.integration
+
+NODES = ["node-1", "node-2"]
+CHAIN = ["vllm-leader", "vllm-rank-node-2"]  # deepest first
+LAYOUT = [("node-1", "vllm-leader"), ("node-2", "vllm-rank")]
+RAY_LAYOUT = [("node-1", "ray-head"), ("node-1", "vllm"), ("node-2", "ray-worker")]
+
+
+def ok(run: Run) -> Run:
+    assert run.error is None, run.error[-3000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def lab2n() -> Iterator[Lab]:
+    lab = None
+    try:
+        lab = start_lab(2)
+        lab.set("backend", "native")
+        lab.set("joinTimeout", 60)
+        yield lab
+    finally:
+        _teardown(lab)
+
+
+def identities() -> dict[str, str]:
+    return {n.name: n.fabric_ip for n in cluster.info().nodes}
+
+
+def layout() -> dict[tuple[str, str], str]:
+    """(node, role) -> container id: the stack's two, running, nothing else (no Ray)."""
+    found = containers(NODES)
+    assert sorted((c.node, c.role) for c in found) == LAYOUT, found
+    assert all(c.running for c in found), found
+    return {(c.node, c.role): c.id for c in found}
+
+
+def assert_serving(lab: Lab) -> None:
+    out = lab.outputs()
+    assert out["identityIps"] == identities()
+    assert out["rayNodes"].startswith("none: backend native")
+    reply = chat(out["endpoint"], out["servedModelName"], API_KEY)
+    for ip in identities().values():  # vllm-sim names every rank's node in its answer
+        assert ip in reply, reply
+    layout()
+
+
+def summary_of(lab: Lab) -> str:
+    """`spark-vllm summary` of a real `pulumi preview --json`, as a PR comment shows it."""
+    env = {**os.environ, **engine_env()}
+    preview = subprocess.run(["pulumi", "preview", "--json", "--stack", STACK], cwd=REPO,
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert preview.returncode == 0, preview.stderr[-2000:]
+    summary = subprocess.run([sys.executable, "-m", "spark_vllm.summary", "--format", "text"],
+                             input=preview.stdout, capture_output=True, text=True, cwd=REPO,
+                             timeout=60)
+    assert summary.returncode == 0, summary.stderr
+    return summary.stdout
+
+
+def assert_in_order(run: Run, chain: list[str], since: float, until: float,
+                    before: dict[tuple[str, str], str]) -> None:
+    deletes = [n for op, n in run.ops("done") if op == "delete-replaced" and n in chain]
+    creates = [n for op, n in run.ops("done") if op == "create-replacement" and n in chain]
+    assert deletes == chain and creates == list(reversed(chain)), run.ops("done")
+    # on the nodes: both old ranks are gone before the first new one starts
+    events = docker_events(NODES, since, until)
+    gone = [e.t_ns for e in events if e.id in set(before.values()) and e.action == "destroy"]
+    started = [e.t_ns for e in events if e.action == "start"]
+    assert len(gone) == len(before) and started, events
+    assert max(gone) < min(started), events
+
+
+def test_1_fresh_up_serves_without_ray(lab2n: Lab) -> None:
+    run = ok(lab2n.up())
+    created = {name for op, name in run.ops() if op == "create"}
+    assert {"vllm-rank-node-2", "vllm-leader", "memory-check"} <= created
+    assert not [n for n in created if n.startswith("ray-")], created
+    # headless rank first, rank 0 after it
+    t = {s.name: s.t for s in run.steps if s.phase == "done" and s.op == "create"}
+    assert t["vllm-rank-node-2"] < t["vllm-leader"]
+    assert any("every node joined rank 0 at" in line for line in run.output), run.output[-40:]
+    assert_serving(lab2n)
+    ids = lab2n.outputs()["containerIds"]
+    assert set(ids) == {"node-1/vllm-leader", "node-2/vllm-rank"}
+    print(f"native fresh up: {run.seconds:.1f} s")
+
+
+def test_2_an_env_change_replaces_the_ranks_in_order(lab2n: Lab) -> None:
+    before = layout()
+    lab2n.set("env", {**lab2n.get("env"), "SPARK_VLLM_TEST": "native-env"})
+    summary = summary_of(lab2n)
+    assert "What restarts (backend native, no Ray): vLLM's headless ranks on 1 node (node-2)" \
+        in summary, summary
+    since = time.time()
+    run = ok(lab2n.up())
+    assert_in_order(run, CHAIN, since, time.time(), before)
+    assert not {n for op, n in run.ops("done") if op != "same"} & {"model-stage",
+                                                                  "model-copy-node-2"}
+    assert_serving(lab2n)
+    print(f"native env change: {run.seconds:.1f} s")
+
+
+def test_3_a_vllm_only_change_restarts_every_rank_and_nothing_else(lab2n: Lab) -> None:
+    """Every rank runs vLLM's engine arguments: a vLLM change restarts them all (in order);
+    the preflights, the staging and the copy do not run again."""
+    before = layout()
+    lab2n.set("vllmArgs", ["--max-num-seqs", "8"])
+    since = time.time()
+    run = ok(lab2n.up())
+    assert_in_order(run, CHAIN, since, time.time(), before)
+    changed = {n for op, n in run.ops("done") if op not in ("same", "refresh")}
+    assert not {n for n in changed if n.endswith("-preflight")}, changed
+    assert not changed & {"model-stage", "model-copy-node-2"}, changed
+    assert_serving(lab2n)
+
+
+def test_4_a_dead_headless_rank_is_seen_and_one_up_repairs_the_group(lab2n: Lab) -> None:
+    before = layout()
+    node_sh("node-2", f"docker kill spark-vllm-{STACK}-vllm-rank")
+    env = {**os.environ, **engine_env()}
+    proc = subprocess.run([sys.executable, "-m", "spark_vllm.status", "--stack", STACK,
+                           "--json"], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=180)
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 1 and not report["serving"], report
+    assert any("node-2 vllm-rank" in p for p in report["problems"]), report
+    assert report["ray"] == {}  # no Ray to ask
+    run = ok(lab2n.up(refresh=True))
+    replaced = {n for op, n in run.ops("done") if op == "create-replacement"}
+    assert {"vllm-rank-node-2", "vllm-leader"} <= replaced, run.ops("done")  # rank 0 with it
+    after = layout()
+    assert all(before[k] != after[k] for k in before)
+    assert_serving(lab2n)
+
+
+def test_5_a_node_that_cannot_reach_rank_0_is_named_in_seconds(lab2n: Lab) -> None:
+    lab2n.set("env", {**lab2n.get("env"), "SPARK_VLLM_TEST": "native-fabric-blocked"})
+    head_ip, worker_ip = (n["fabricIp"] for n in lab2n.get("nodes"))
+    cluster.block_fabric("node-1", "node-2")
+    try:
+        run = lab2n.up()
+        assert run.error is not None
+        rank = [s for s in run.steps if s.name == "vllm-rank-node-2"]
+        started = min(s.t for s in rank if s.phase == "pre" and s.op.startswith("create"))
+        failed = max(s.t for s in rank if s.phase == "failed")
+        assert failed - started < 15, f"the rank took {failed - started:.1f} s to fail"
+        assert (f"cannot reach rank 0 (node-1) at {head_ip}:29501 from {worker_ip}"
+                in run.error), run.error[-2000:]
+        assert "Traceback" not in run.error
+        assert not any(s.name == "vllm-leader" for s in run.steps
+                       if s.phase == "pre" and s.op.startswith("create"))
+        assert [c.role for c in containers(["node-2"])] == []  # nothing half-done there
+        print(f"unreachable rank 0 named after {failed - started:.1f} s")
+    finally:
+        cluster.unblock_fabric("node-1", "node-2")
+    ok(lab2n.up())
+    assert_serving(lab2n)
+
+
+def test_6_switching_to_ray_stops_the_native_ranks_before_ray_starts(lab2n: Lab) -> None:
+    before = layout()
+    lab2n.set("backend", "ray")
+    summary = summary_of(lab2n)
+    assert "The backend changes from native to ray" in summary, summary
+    since = time.time()
+    run = ok(lab2n.up())
+    until = time.time()
+    found = containers(NODES)
+    assert sorted((c.node, c.role) for c in found) == RAY_LAYOUT, found
+    events = docker_events(NODES, since, until)
+    gone = [e.t_ns for e in events if e.id in set(before.values()) and e.action == "destroy"]
+    started = [e.t_ns for e in events if e.action == "start" and e.role.startswith("ray-")]
+    assert len(gone) == 2 and started and max(gone) < min(started), events
+    out = lab2n.outputs()
+    reply = chat(out["endpoint"], out["servedModelName"], API_KEY)
+    assert all(ip in reply for ip in identities().values()), reply
+    # the native resources' deletes ran last and found their containers gone
+    assert {"vllm-leader", "vllm-rank-node-2"} <= {n for op, n in run.ops("done")
+                                                   if op == "delete"}
+
+
+def test_7_switching_back_to_native_stops_ray_on_each_node_first(lab2n: Lab) -> None:
+    before = {(c.node, c.role): c.id for c in containers(NODES)}
+    lab2n.set("backend", "native")
+    since = time.time()
+    ok(lab2n.up())
+    until = time.time()
+    events = docker_events(NODES, since, until)
+    for node, role in (("node-2", "vllm-rank"), ("node-1", "vllm-leader")):
+        mine = [e.t_ns for e in events if e.node == node and e.role == role
+                and e.action == "start"]
+        old = [e.t_ns for e in events if e.node == node and e.action == "destroy"
+               and e.id in {cid for (n, _), cid in before.items() if n == node}]
+        assert mine and old and max(old) < min(mine), (node, events)
+    assert_serving(lab2n)
+    assert not [n for n in lab2n.command_outputs() if n.startswith("ray-")]
+
+
+def test_8_destroy_leaves_nothing(lab2n: Lab) -> None:
+    ok(lab2n.destroy())
+    assert containers(NODES) == []
+    assert lab2n.state_resources() == []
+    for node in NODES:
+        assert node_sh(node, f"ls ~/.spark-vllm/{STACK} 2>/dev/null || true").strip() == ""
