@@ -7,6 +7,7 @@ for Ray (backends/native.py says what vLLM requires).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ import pulumi
 
 from . import commands
 from .backends import native
-from .node import SparkNode, container_command, env_facts
+from .node import SparkNode, container_command, env_facts, liveness_of
 from .ray_cluster import _env_file
 from .spec import ClusterSpec
 
@@ -39,6 +40,10 @@ def engine_facts(spec: ClusterSpec) -> dict[str, Any]:
             "vllmArgs": list(spec.vllm_args)}
 
 
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class NativeGroup(pulumi.ComponentResource):
     """Headless ranks, then rank 0 serving the API, on their identity IPs."""
 
@@ -51,31 +56,51 @@ class NativeGroup(pulumi.ComponentResource):
         super().__init__("spark-vllm:native:NativeGroup", name, None, opts)
         spec, nodes = args.spec, args.nodes
         before: list[pulumi.Resource] = [*(n.preflight for n in nodes), *args.after]
+        serving = commands.liveness_target(spec)
+        leader_name = f"{name}-leader"
+        rank_names = [f"{name}-rank-{n.node.name}" for n in nodes[1:]]
+        # A group forms once: a headless rank whose rank 0 died stays up without ever joining
+        # a new one, and a new rank 0 waits for ranks that never come (vLLM's multiproc
+        # executor; torch's TCPStore). So whatever replaces one member replaces all of them:
+        # every member's triggers hold every member's liveness id, and the ranks' hold what
+        # makes rank 0 (its script and, as a secret digest, its stdin with the API key).
+        lives = {leader_name: liveness_of(leader_name, self, nodes[0], spec, commands.LEADER,
+                                          serving)}
+        lives.update({rn: liveness_of(rn, self, n, spec, commands.RANK)
+                      for rn, n in zip(rank_names, nodes[1:], strict=True)})
+        stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
+            pulumi.Output.all(args.hf_token, args.api_key).apply(
+                lambda v: commands.vllm_stdin(v[0], v[1])))
+        leader_create = native.leader_start_script(spec)
+        rank0 = {"rank0Script": _digest(leader_create),
+                 "rank0Stdin": stdin.apply(_digest)}  # secret, as stdin is
+
+        def group(me: str) -> dict[str, Any]:
+            return {f"liveness@{other}": live.id for other, live in lives.items() if other != me}
+
         self.ranks = [
             container_command(
-                f"{name}-rank-{n.node.name}", self, n, spec, commands.RANK,
+                rn, self, n, spec, commands.RANK,
                 create=native.rank_start_script(spec, n.node),
                 delete=commands.remove_script(spec, n.node, commands.RANK),
                 stdin=_env_file(commands.RANK, args.hf_token),
                 facts={**env_facts(spec, n.node), **engine_facts(spec), "rank": rank},
-                links={}, depends_on=before)
-            for rank, n in enumerate(nodes[1:], 1)
+                links={**rank0, **group(rn)}, depends_on=before, live=lives[rn])
+            for rank, (rn, n) in enumerate(zip(rank_names, nodes[1:], strict=True), 1)
         ]
-        stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
-            pulumi.Output.all(args.hf_token, args.api_key).apply(
-                lambda v: commands.vllm_stdin(v[0], v[1])))
         self.leader = container_command(
-            f"{name}-leader", self, nodes[0], spec, commands.LEADER,
-            create=native.leader_start_script(spec),
+            leader_name, self, nodes[0], spec, commands.LEADER,
+            create=leader_create,
             delete=commands.remove_script(spec, spec.head, commands.LEADER),
             stdin=stdin,
             facts={**env_facts(spec, spec.head), **engine_facts(spec), "rank": 0,
                    "port": spec.port},
             # rank 0 must never outlive a rank it formed its group with
-            links={f"rank@{n.node.name}": r.stdout for n, r in zip(nodes[1:], self.ranks,
-                                                                    strict=True)},
+            links={**{f"rank@{n.node.name}": r.stdout
+                      for n, r in zip(nodes[1:], self.ranks, strict=True)},
+                   **group(leader_name)},
             depends_on=[*before, *self.ranks],
-            serving=commands.liveness_target(spec),
+            serving=serving, live=lives[leader_name],
         )
         containers = [self.leader, *self.ranks]
         self.container_ids = pulumi.Output.all(*[c.stdout for c in containers]).apply(

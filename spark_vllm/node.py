@@ -94,10 +94,19 @@ def env_facts(spec: ClusterSpec, node: NodeSpec) -> dict[str, Any]:
             "env": commands.node_env(spec, node)}
 
 
+def liveness_of(name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec,
+                role: str, serving: list[str] | None = None) -> ContainerLiveness:
+    """The refresh-time companion of the container command `name` (liveness.py)."""
+    return ContainerLiveness(f"{name}-liveness", node=node,
+                             container=commands.container_name(spec, role),
+                             serving=serving, parent=parent)
+
+
 def container_command(
     name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec, role: str,
     create: pulumi.Input[str], delete: str, stdin: pulumi.Input[str], facts: dict[str, Any],
     links: dict[str, Any], depends_on: list[pulumi.Resource], serving: list[str] | None = None,
+    live: ContainerLiveness | None = None,
 ) -> remote.Command:
     """`node_command` for a container, with its refresh-time companion (liveness.py): when a
     refresh saw the container dead, the companion's new id replaces it (invariant 7).
@@ -105,8 +114,6 @@ def container_command(
     `triggers` = [facts, links]: what the container is (env_facts and more), then the ids of
     what it runs on, by name, so a cascaded replacement reads `~ triggers[1].rayHead: … =>
     [unknown]` ("replaced because the Ray head is")."""
-    live = ContainerLiveness(f"{name}-liveness", node=node,
-                             container=commands.container_name(spec, role),
-                             serving=serving, parent=parent)
+    live = live or liveness_of(name, parent, node, spec, role, serving)
     return node_command(name, parent, node, create=create, delete=delete, stdin=stdin,
                         triggers=[facts, {**links, "liveness": live.id}], depends_on=depends_on)

@@ -338,6 +338,14 @@ def _link_label(key: str) -> str:
         return f"Ray worker {key.removeprefix('rayWorker@')}"
     if key == "headCopy":
         return "the head's copy of the model"
+    if key.startswith("rank@"):
+        return f"vLLM rank on {key.removeprefix('rank@')}"
+    if key.startswith("liveness@vllm-rank-"):  # native: the group goes as one
+        return f"the group's rank on {key.removeprefix('liveness@vllm-rank-')} (seen dead)"
+    if key == "liveness@vllm-leader":
+        return "the group's rank 0 (seen dead)"
+    if key in ("rank0Script", "rank0Stdin"):
+        return "rank 0"
     return key
 
 

@@ -100,12 +100,19 @@ def _reach_lines(spec: ClusterSpec, node: NodeSpec) -> list[str]:
     ]
     if node.fabric_interface:
         lines += [
-            'via=$(ip route get "$master" 2>/dev/null | awk \'{for (i = 1; i < NF; i++) '
-            'if ($i == "dev") { print $(i + 1); exit }}\')',
+            'route=$(ip route get "$master" 2>/dev/null || true)',
+            'via=$(echo $route | awk \'{for (i = 1; i < NF; i++) if ($i == "dev") '
+            '{ print $(i + 1); exit }}\')',
+            'src=$(echo $route | awk \'{for (i = 1; i < NF; i++) if ($i == "src") '
+            '{ print $(i + 1); exit }}\')',
             f'[ "$via" = {shlex.quote(node.fabric_interface)} ] || fail "{node.name} reaches '
             f'rank 0 ({spec.head.name}, {master}) over ${{via:-no route}}, not its '
             f'fabricInterface {node.fabric_interface}: the rendezvous and NCCL would cross '
             'another link (check the routes)"',
+            # rank 0 counts a node joined by the address its connection comes from
+            f'[ "$src" = {shlex.quote(node.identity_ip)} ] || fail "{node.name} reaches rank 0 '
+            f'({master}) from ${{src:-no address}}, not its fabricIp {node.identity_ip}: make '
+            f'{node.identity_ip} the primary address of {node.fabric_interface}"',
         ]
     lines += [
         f"if out=$(timeout {REACH_TIMEOUT_S} bash -c 'exec 3<>\"/dev/tcp/$0/$1\"' \"$master\" "

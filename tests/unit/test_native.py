@@ -94,6 +94,14 @@ def test_the_graph_starts_headless_ranks_then_rank_0_which_depends_on_every_one(
         assert facts["rank"] == int(node[-1]) - 1 and facts["master"].endswith(":29501")
         assert g["memory-check"].urn in rank.dependencies  # memory admission first
     assert leader.delete_before_replace and "*" in leader.replace_on_changes
+    # the group goes as one: a rank whose rank 0 died never joins a new one (torch's TCPStore)
+    links = leader.plain("triggers")[1]
+    assert {"liveness@vllm-rank-node-2", "liveness@vllm-rank-node-3"} <= set(links)
+    for node in ("node-2", "node-3"):
+        rlinks = g[f"vllm-rank-{node}"].plain("triggers")[1]
+        assert {"liveness@vllm-leader", "rank0Script", "rank0Stdin"} <= set(rlinks)
+        other = "node-3" if node == "node-2" else "node-2"
+        assert f"liveness@vllm-rank-{other}" in rlinks
 
 
 def _joined_fn(spec: c.ClusterSpec, tcp: Path, tcp6: Path) -> str:
@@ -143,7 +151,7 @@ def test_rank_0_counts_a_node_joined_by_its_connection_to_the_master_port(
 def _reach(master: str, port: int) -> tuple[subprocess.CompletedProcess[str], float]:
     nodes = lab_nodes(2)
     nodes[0]["fabricIp"] = master
-    nodes[1].update(fabricIp="127.0.0.2", fabricInterface="lo")
+    nodes[1].update(fabricIp="127.0.0.1", fabricInterface="lo")  # lo's source address
     spec = spec_from(nodes, backend="native", masterPort=port)
     script = "\n".join(["fail() { echo \"FAILED: $*\"; exit 1; }",
                         *native._reach_lines(spec, spec.nodes[1]), "echo reached"])
@@ -154,20 +162,31 @@ def _reach(master: str, port: int) -> tuple[subprocess.CompletedProcess[str], fl
 
 def test_a_headless_node_reaches_rank_0_when_it_refuses_or_accepts() -> None:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("127.0.0.2", 0))
         free = s.getsockname()[1]  # closed again: nothing listens there
-    proc, _ = _reach("127.0.0.1", free)
+    proc, _ = _reach("127.0.0.2", free)
     assert proc.stdout.strip() == "reached", proc.stdout + proc.stderr
     with socket.socket() as srv:
-        srv.bind(("127.0.0.1", 0))
+        srv.bind(("127.0.0.2", 0))
         srv.listen()
-        proc, _ = _reach("127.0.0.1", srv.getsockname()[1])
+        proc, _ = _reach("127.0.0.2", srv.getsockname()[1])
     assert proc.stdout.strip() == "reached", proc.stdout + proc.stderr
+
+
+def test_a_headless_node_whose_route_leaves_from_another_address_is_named() -> None:
+    nodes = lab_nodes(2)
+    nodes[0]["fabricIp"] = "127.0.0.3"
+    nodes[1].update(fabricIp="127.0.0.2", fabricInterface="lo")  # lo answers from 127.0.0.1
+    spec = spec_from(nodes, backend="native")
+    script = "\n".join(["fail() { echo \"FAILED: $*\"; exit 1; }",
+                        *native._reach_lines(spec, spec.nodes[1]), "echo reached"])
+    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    assert ("FAILED: node-2 reaches rank 0 (127.0.0.3:29501) from 127.0.0.1, not its fabricIp "
+            "127.0.0.2") in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_headless_node_that_cannot_reach_rank_0_is_named_in_seconds() -> None:
-    # TEST-NET-1 (RFC 5737): routed nowhere from here; `ip route get` answers over lo only
-    # for loopback, so the route check names the wrong link first
+    # TEST-NET-1 (RFC 5737): not over lo, so the route check names the wrong link first
     proc, took = _reach("192.0.2.1", 29501)
     assert proc.returncode == 1 and took < native.REACH_TIMEOUT_S + 3
     assert "FAILED: node-2 reaches rank 0 (node-1, 192.0.2.1:29501) over" in proc.stdout

@@ -4,6 +4,12 @@ It reproduces what vLLM's Ray executor does to a cluster (IP choice, placement g
 per rank, the same waiting and error text) and serves the OpenAI-compatible endpoints with
 canned answers. It does no inference.
 
+It also plays vLLM's native multi-node mode, without Ray (native.py, c10d.py): `--nnodes N
+--node-rank R --master-addr A --master-port P` on every node, `--headless` on ranks > 0, the mp
+executor, one rank per node; rank 0 hosts torch's TCPStore rendezvous, the others connect with
+torch's retries and texts, and every engine step needs every rank (both modes below: vLLM 0.17.1
+had it too).
+
 Which vLLM it plays is set by VLLM_SIM_VLLM_VERSION (default DEFAULT_VLLM_VERSION):
 - legacy mode (< V2_FROM, e.g. 0.17.1, the outage image's vLLM): the legacy Ray executor, with the
   `node:<ip>` pin, the driver-GPU and unique-IP checks, a permissive command line.

@@ -113,6 +113,13 @@ def _exit_on_sigterm(signum: int, _frame: Any) -> None:
 def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     v2 = is_v2()
     logger.warning("%s", BANNER)
+    from vllm_sim import native
+
+    # vLLM's native multi-node mode (--nnodes > 1, --headless): native.py. A headless rank
+    # never reaches setup_server, which logs the version and the non-default args.
+    nat = native.requested(args, extra, v2)
+    if nat is not None and nat.headless:
+        return native.serve_headless(args, extra, parser, nat)
     logger.info("vLLM API server version %s", simulated_version())
     logger.info("non-default args: %s", _non_default_args(args, parser))
     if extra:
@@ -132,6 +139,9 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
         api_keys = [k for k in [args.api_key or os.environ.get("VLLM_API_KEY")] if k]
     if api_keys and not v2:
         logger.info("API key authentication is enabled for /v1 endpoints.")
+
+    if nat is not None:
+        return native.serve_leader(args, extra, nat, model, api_keys, v2)
 
     from vllm_sim.network_utils import get_ip
     from vllm_sim.ray_utils import ParallelConfig
@@ -335,7 +345,7 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
             logger.info("Route: %s, Methods: %s", route.path, ", ".join(sorted(methods)))
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    if v2 and executor is not None:
+    if executor is not None and (v2 or getattr(executor, "native", False)):
         _exit_when_engine_dies(executor, server)
     # SIGTERM while serving: uvicorn's graceful shutdown, then exit 0, as real vLLM 0.26.0 did
     # (tests/fixtures/real-vllm, scenario sigterm: "Shutting down", exit 0 in 0.6 s). Ray's
@@ -345,14 +355,17 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
     try:
         asyncio.run(server.serve(sockets=[sock]))
     finally:
-        logger.info("Shutting down Ray distributed executor (simulated).")
-        if executor is not None:
-            import ray
+        if getattr(executor, "native", False):  # native.py: no Ray
+            executor.shutdown()
+        else:
+            logger.info("Shutting down Ray distributed executor (simulated).")
+            if executor is not None:
+                import ray
 
-            if v2:
-                executor.shutdown()  # kills the actors, removes the ipc sockets and /dev/shm
+                if v2:
+                    executor.shutdown()  # kills the actors, removes the ipc sockets and /dev/shm
 
-            ray.shutdown()
+                ray.shutdown()
     return 0
 
 
@@ -374,9 +387,13 @@ def _exit_when_engine_dies(executor: Any, server: Any) -> None:
     dead = threading.Event()
 
     def on_failure() -> None:
+        # native.py's executor names its own error (execute_model's timeout)
+        error = getattr(executor, "failure_error", None)
         try:
+            if error is not None:
+                raise error
             raise RuntimeError("Executor failed.")
-        except RuntimeError:
+        except Exception:
             logger.exception("EngineCore encountered a fatal error.")
         logger.warning("[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
         dead.set()

@@ -25,7 +25,11 @@ logger = init_logger(__name__)
 
 FLAG_TABLE = "serve_flags_0_33_0.txt"
 _INT_FLAGS = {"tensor_parallel_size", "pipeline_parallel_size", "port", "data_parallel_size",
-              "nnodes", "max_num_seqs"}
+              "nnodes", "max_num_seqs",
+              # native multi-node mode (native.py): ints in vLLM too (ParallelConfig fields,
+              # FrontendArgs.api_server_count)
+              "node_rank", "master_port", "api_server_count", "distributed_timeout_seconds",
+              "prefill_context_parallel_size"}
 _BACKENDS = ["ray", "mp", "uni", "external_launcher"]
 # The real defaults of the flags the simulator acts on (vllm/config/parallel.py:140-142,
 # vllm/entrypoints/common/cli_args.py FrontendArgs.port); every other flag defaults to None.
@@ -33,7 +37,9 @@ _BACKENDS = ["ray", "mp", "uni", "external_launcher"]
 # max_num_seqs stays None here, as in vLLM (EngineArgs.max_num_seqs: int | None = None): the
 # usage context's default (api_server.DEFAULT_MAX_NUM_SEQS) is applied after parsing.
 _DEFAULTS: dict[str, Any] = {"tensor_parallel_size": 1, "pipeline_parallel_size": 1, "port": 8000,
-                             "data_parallel_size": 1, "nnodes": 1}
+                             "data_parallel_size": 1, "nnodes": 1,
+                             # native multi-node mode (native.py; vllm/config/parallel.py:317-326)
+                             "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29501}
 
 
 def load_flag_table(name: str = FLAG_TABLE) -> list[tuple[list[str], str]]:
