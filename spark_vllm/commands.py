@@ -403,11 +403,11 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
 
 
 def stop_other_backend(spec: ClusterSpec, roles: Sequence[str], other: str) -> str:
-    """Before a container starts: stop the other backend's containers of this stack on this
+    """In each node's preflight: stop the other backend's containers of this stack on the
     node. A backend switch renames every resource, and the engine deletes resources that left
-    the program only after it created the new ones (its deletes run last): without this line
-    the old ranks would still hold the GPU, and the old API server the port, when the new ones
-    start. The old resources' deletes then find nothing to remove."""
+    the program only after it created the new ones (its deletes run last); the preflights run
+    before any container, so every old one is gone, on every node, before the first new one
+    starts. The old resources' deletes then find nothing to remove."""
     names = " ".join(shlex.quote(container_name(spec, r)) for r in roles)
     return (f"for old in {names}; do if docker inspect \"$old\" >/dev/null 2>&1; then "
             f'log "stopping $old (backend {other}\'s, replaced by backend {spec.backend})"; '

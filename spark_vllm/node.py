@@ -47,6 +47,8 @@ class SparkNode(pulumi.ComponentResource):
             # plain facts for a reviewer: the connection itself shows only [secret]
             triggers=[{"host": node.host, "identityIp": node.identity_ip, "image": spec.image,
                        "imagePull": spec.image_pull,
+                       # a switch re-runs it: it stops the other backend's containers first
+                       **({"backend": spec.backend} if spec.backend != "ray" else {}),
                        **({"imageDigest": spec.image_digest} if spec.image_digest else {})}],
             depends_on=[],
         )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from .commands import STATE_DIR_SH, _prelude
+from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, _prelude, stop_other_backend
 from .spec import ClusterSpec, NodeSpec
 
 # Prints "RAY PYTHON VLLM" for an image ("none" for an image without Ray: vLLM dropped it as a
@@ -40,6 +40,9 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         "command -v docker >/dev/null 2>&1 || fail \"docker is not installed or not on PATH\"",
         'docker_v=$(docker version --format "{{.Server.Version}}" 2>&1) '
         '|| fail "docker daemon not reachable as $(id -un): $docker_v"',
+        # a backend switch: the other backend's containers go before any new one starts
+        stop_other_backend(spec, *(((HEAD, VLLM, WORKER), "ray") if spec.backend == "native"
+                                   else ((LEADER, RANK), "native"))),
     ]
     if spec.check_gpu:
         lines += [

@@ -594,7 +594,7 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"{loud(what)} ({v.node})")
     if switch := s.backend_switch:
         parts.insert(0, loud(f"The backend changes from {switch[0]} to {switch[1]}")
-                     + ": every container is replaced, the old ones stopped first on each node")
+                     + ": every container is replaced, the old ones stopped on every node first")
     if ranks := s.rank_nodes(REPLACE, CREATE):
         parts.append(f"vLLM's headless ranks restart on {', '.join(ranks)} (no Ray)")
     if restarted := s.ray_nodes(REPLACE):
@@ -636,8 +636,8 @@ def what_restarts(s: Summary) -> str:
     if stopped := s.ray_nodes(DELETE):
         line += f" Ray stops on {', '.join(stopped)}."
     if switch := s.backend_switch:
-        line += (f" The backend changes from {switch[0]} to {switch[1]}: each new container "
-                 f"stops the {switch[0]} backend's on its node before it starts.")
+        line += (f" The backend changes from {switch[0]} to {switch[1]}: each node's preflight "
+                 f"stops the {switch[0]} backend's containers there before any new one starts.")
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     if s.compile_cache:

@@ -23,19 +23,15 @@ import shlex
 
 from ..commands import (
     _VLLM_ENTRY_SH,
-    HEAD,
     LEADER,
     LISTENING_SH,
     RANK,
-    VLLM,
     VLLM_FILES_DIR,
-    WORKER,
     _wait_loop,
     container_name,
     docker_run_argv,
     serve_ready_lines,
     start_script,
-    stop_other_backend,
     vllm_serve_args,
 )
 from ..spec import ClusterSpec, NodeSpec
@@ -135,7 +131,7 @@ def rank_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
     rank = spec.nodes.index(node)
     return start_script(
         spec, node, RANK, rank_run_argv(spec, node), cache=True,
-        before_run=[stop_other_backend(spec, (WORKER,), "ray"), *_reach_lines(spec, node)],
+        before_run=_reach_lines(spec, node),
         ready=_wait_loop(f"has {HEADLESS_MARK}", spec.join_timeout,
                          f"vLLM rank {rank} to start headless", []))
 
@@ -198,7 +194,6 @@ def leader_start_script(spec: ClusterSpec) -> str:
     return start_script(
         spec, node, LEADER, leader_run_argv(spec), serves=True, cache=True,
         before_run=[
-            stop_other_backend(spec, (VLLM, HEAD), "ray"),
             # anything else on masterPort would take the ranks' connections, or make rank 0's
             # rendezvous fail to bind minutes into the start: refuse it by name first
             f'if {listening}; then fail "port {spec.master_port} (masterPort) is already in '

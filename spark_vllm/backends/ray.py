@@ -12,9 +12,7 @@ import shlex
 from ..commands import (
     _VLLM_ENTRY_SH,
     HEAD,
-    LEADER,
     LISTENING_SH,
-    RANK,
     VLLM,
     VLLM_CONFIG_ROOT,
     VLLM_FILES_DIR,
@@ -26,7 +24,6 @@ from ..commands import (
     script_text,
     serve_ready_lines,
     start_script,
-    stop_other_backend,
     vllm_serve_args,
 )
 from ..spec import ClusterSpec, NodeSpec
@@ -103,8 +100,7 @@ def head_start_script(spec: ClusterSpec) -> str:
         spec, node, HEAD, head_run_argv(spec), cache=True,
         # Anything else on rayPort (a Redis listens on 6379 by default) would pass the
         # readiness test below while Ray's GCS fails to bind: refuse it by name first.
-        before_run=[stop_other_backend(spec, (LEADER,), "native"),
-                    f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
+        before_run=[f'if {listening}; then fail "port {spec.ray_port} (rayPort) is already in '
                     f'use on {node.name} by a process outside this stack"; fi'],
         ready=_wait_loop(listening, spec.ray_timeout,
                          f"the Ray head's GCS to listen on port {spec.ray_port}", [],
@@ -123,7 +119,6 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
     )
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
-        before_run=[stop_other_backend(spec, (RANK,), "native")],
         ready=_wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
                          f"Ray worker to join the head at {gcs}", [unreachable]))
 
