@@ -15,8 +15,7 @@ import pulumi
 
 from . import commands
 from .backends import native
-from .node import SparkNode, container_command, env_facts, liveness_of
-from .ray_cluster import _env_file
+from .node import SparkNode, container_command, env_facts, env_file_stdin, liveness_of
 from .spec import ClusterSpec
 
 
@@ -83,7 +82,7 @@ class NativeGroup(pulumi.ComponentResource):
                 rn, self, n, spec, commands.RANK,
                 create=native.rank_start_script(spec, n.node),
                 delete=commands.remove_script(spec, n.node, commands.RANK),
-                stdin=_env_file(commands.RANK, args.hf_token),
+                stdin=env_file_stdin(commands.RANK, args.hf_token),
                 facts={**env_facts(spec, n.node), **engine_facts(spec), "rank": rank},
                 links={**rank0, **group(rn)}, depends_on=before, live=lives[rn])
             for rank, (rn, n) in enumerate(zip(rank_names, nodes[1:], strict=True), 1)

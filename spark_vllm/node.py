@@ -119,3 +119,11 @@ def container_command(
     live = live or liveness_of(name, parent, node, spec, role, serving)
     return node_command(name, parent, node, create=create, delete=delete, stdin=stdin,
                         triggers=[facts, {**links, "liveness": live.id}], depends_on=depends_on)
+
+
+def env_file_stdin(role: str, hf_token: pulumi.Input[str] | None) -> pulumi.Output[str]:
+    """stdin of a container command without the API server: its env-file (HF_TOKEN), secret."""
+    if hf_token is None:
+        return pulumi.Output.from_input(commands.secret_env_file(role, None, None))
+    return pulumi.Output.secret(hf_token).apply(
+        lambda tok: commands.secret_env_file(role, tok, None))

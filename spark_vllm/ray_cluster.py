@@ -15,7 +15,7 @@ import pulumi
 
 from . import commands
 from .backends import ray
-from .node import SparkNode, container_command, env_facts, node_command
+from .node import SparkNode, container_command, env_facts, env_file_stdin, node_command
 from .spec import ClusterSpec
 
 
@@ -44,7 +44,7 @@ class RayCluster(pulumi.ComponentResource):
             f"{name}-head", self, head_node, spec, commands.HEAD,
             create=ray.head_start_script(spec),
             delete=commands.remove_script(spec, spec.head, commands.HEAD),
-            stdin=_env_file(commands.HEAD, args.hf_token),
+            stdin=env_file_stdin(commands.HEAD, args.hf_token),
             facts={**env_facts(spec, spec.head), "rayPort": spec.ray_port},
             links={},
             depends_on=preflights,
@@ -54,7 +54,7 @@ class RayCluster(pulumi.ComponentResource):
                 f"{name}-worker-{n.node.name}", self, n, spec, commands.WORKER,
                 create=ray.worker_start_script(spec, n.node),
                 delete=commands.remove_script(spec, n.node, commands.WORKER),
-                stdin=_env_file(commands.WORKER, args.hf_token),
+                stdin=env_file_stdin(commands.WORKER, args.hf_token),
                 facts=env_facts(spec, n.node),
                 links={"rayHead": self.head.stdout},
                 depends_on=[*preflights, self.head],
@@ -83,10 +83,3 @@ class RayCluster(pulumi.ComponentResource):
         self.node_table = self.gate.stdout
         self.register_outputs({"container_ids": self.container_ids,
                                "node_table": self.node_table})
-
-
-def _env_file(role: str, hf_token: pulumi.Input[str] | None) -> pulumi.Output[str]:
-    if hf_token is None:
-        return pulumi.Output.from_input(commands.secret_env_file(role, None, None))
-    return pulumi.Output.secret(hf_token).apply(
-        lambda tok: commands.secret_env_file(role, tok, None))

@@ -706,7 +706,7 @@ class NativeExecutor:
 
     def _fail(self) -> None:
         """execute_model's TimeoutError (multiproc_executor.py:506-509), the engine core's
-        fatal error (cli.py _exit_when_engine_dies logs it with this exception)."""
+        fatal error (server.py _exit_when_engine_dies logs it with this exception)."""
         try:
             try:
                 raise TimeoutError
@@ -747,16 +747,16 @@ class NativeExecutor:
 def serve_leader(args: argparse.Namespace, extra: list[str], nat: NativeArgs, model: str,
                  api_keys: list[str], v2: bool) -> int:
     """Rank 0 with the API server (also a rank > 0 without --headless: see below)."""
-    from vllm_sim import cli, weights
+    from vllm_sim import server, weights
     from vllm_sim.ray_utils import ParallelConfig
 
     pc = ParallelConfig(args.tensor_parallel_size, args.pipeline_parallel_size)
     try:
-        sock = cli._bind_server_socket(args.host, args.port)
+        sock = server._bind_server_socket(args.host, args.port)
     except OSError as exc:
         logger.error("Cannot bind %s:%d: %s", args.host or "0.0.0.0", args.port, exc)
         return 1
-    signal.signal(signal.SIGTERM, cli._exit_on_sigterm)
+    signal.signal(signal.SIGTERM, server._exit_on_sigterm)
     try:
         model = weights.resolve_model(model, args.revision)
         weights.check_config(model, args.revision)
@@ -770,7 +770,7 @@ def serve_leader(args: argparse.Namespace, extra: list[str], nat: NativeArgs, mo
         return 1
     served_name = (args.served_model_name or [model])[0]
     source = weights.ModelSource(model, args.revision, args.download_dir)
-    load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", cli.DEFAULT_LOAD_SECONDS))
+    load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", server.DEFAULT_LOAD_SECONDS))
     logger.info(
         "Initializing a V1 LLM engine with config: model=%r, tensor_parallel_size=%d, "
         "pipeline_parallel_size=%d, distributed_executor_backend=%s",
@@ -792,12 +792,12 @@ def serve_leader(args: argparse.Namespace, extra: list[str], nat: NativeArgs, mo
         sock.close()
         raise
     try:
-        cli._init_engine(executor, compile_cache.engine_factors(args, model, extra))
+        server._init_engine(executor, compile_cache.engine_factors(args, model, extra))
     except BaseException:
         executor.shutdown(log=False)
         sock.close()
         raise
-    return cli._run_http(args, sock, model, served_name, api_keys, pc, executor.rank_ips,
+    return server._run_http(args, sock, model, served_name, api_keys, pc, executor.rank_ips,
                          executor, v2)
 
 
@@ -990,9 +990,9 @@ def serve_headless(args: argparse.Namespace, extra: list[str], parser: argparse.
               "executor, with head node address %s for torch.distributed process group.",
               simulated_version(), nat.head_address)
         source = weights.ModelSource(model, args.revision, args.download_dir)
-        from vllm_sim import cli
+        from vllm_sim import server
 
-        load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", cli.DEFAULT_LOAD_SECONDS))
+        load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", server.DEFAULT_LOAD_SECONDS))
         rank = HeadlessRank(nat, args.tensor_parallel_size, args.pipeline_parallel_size, load_s,
                             source, compile_cache.engine_factors(args, model, extra))
         try:
