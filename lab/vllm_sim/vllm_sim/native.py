@@ -801,12 +801,12 @@ def serve_leader(args: argparse.Namespace, extra: list[str], nat: NativeArgs, mo
                          executor, v2)
 
 
-def _engine_failed_to_start(exc: WorkerFailedError, legacy: bool) -> None:
+def _engine_failed_to_start(exc: Exception, legacy: bool) -> None:
     """EngineCore's "failed to start." (v1/engine/core.py:1582-1584) and the API server's
     uncaught RuntimeError (v1/engine/utils.py:1473-1481)."""
     try:
         raise exc
-    except WorkerFailedError as raised:
+    except Exception as raised:
         _vlog(logging.ERROR, "engine_failed", legacy, "EngineCore failed to start.",
               exc_info=raised)
     try:
@@ -930,16 +930,8 @@ def _follower_with_api_server(nat: NativeArgs, tp: int, pp: int, load_s: float,
         _engine_failed_to_start(exc, nat.legacy)
         rank.close()
         return 1
-    try:
-        raise AssertionError("collective_rpc should not be called on follower node")
-    except AssertionError as raised:
-        _vlog(logging.ERROR, "engine_failed", nat.legacy, "EngineCore failed to start.",
-              exc_info=raised)
-    try:
-        raise RuntimeError("Engine core initialization failed. See root cause above. "
-                           "Failed core proc(s): {'EngineCore': 1}") from None
-    except RuntimeError as err:
-        _print_uncaught(err)
+    _engine_failed_to_start(
+        AssertionError("collective_rpc should not be called on follower node"), nat.legacy)
     rank.close()
     return 1
 
