@@ -402,19 +402,6 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     return "\n".join(lines) + "\n"
 
 
-def stop_other_backend(spec: ClusterSpec, roles: Sequence[str], other: str) -> str:
-    """In each node's preflight: stop the other backend's containers of this stack on the
-    node. A backend switch renames every resource, and the engine deletes resources that left
-    the program only after it created the new ones (its deletes run last); the preflights run
-    before any container, so every old one is gone, on every node, before the first new one
-    starts. The old resources' deletes then find nothing to remove."""
-    names = " ".join(shlex.quote(container_name(spec, r)) for r in roles)
-    return (f"for old in {names}; do if docker inspect \"$old\" >/dev/null 2>&1; then "
-            f'log "stopping $old (backend {other}\'s, replaced by backend {spec.backend})"; '
-            'docker rm --force --volumes "$old" >/dev/null 2>&1 || fail "cannot stop $old"; '
-            "fi; done")
-
-
 def serve_ready_lines(spec: ClusterSpec, checks: Sequence[str]) -> list[str]:
     """The API server's readiness: one `docker exec` polls /health every 0.1 s for the whole
     load and sends the smoke request the moment it passes; meanwhile the shell checks the

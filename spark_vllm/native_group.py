@@ -15,7 +15,14 @@ import pulumi
 
 from . import commands
 from .backends import native
-from .node import SparkNode, container_command, env_facts, env_file_stdin, liveness_of
+from .node import (
+    SparkNode,
+    container_command,
+    env_facts,
+    env_file_stdin,
+    liveness_of,
+    vllm_stdin_secret,
+)
 from .spec import ClusterSpec
 
 
@@ -67,9 +74,7 @@ class NativeGroup(pulumi.ComponentResource):
                                           serving)}
         lives.update({rn: liveness_of(rn, self, n, spec, commands.RANK)
                       for rn, n in zip(rank_names, nodes[1:], strict=True)})
-        stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
-            pulumi.Output.all(args.hf_token, args.api_key).apply(
-                lambda v: commands.vllm_stdin(v[0], v[1])))
+        stdin = vllm_stdin_secret(args.hf_token, args.api_key)
         leader_create = native.leader_start_script(spec)
         rank0 = {"rank0Script": _digest(leader_create),
                  "rank0Stdin": stdin.apply(_digest)}  # secret, as stdin is

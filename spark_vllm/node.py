@@ -121,6 +121,13 @@ def container_command(
                         triggers=[facts, {**links, "liveness": live.id}], depends_on=depends_on)
 
 
+def vllm_stdin_secret(hf_token: pulumi.Input[str] | None,
+                      api_key: pulumi.Input[str] | None) -> pulumi.Output[str]:
+    """stdin of the container that runs vLLM's API server (commands.vllm_stdin), secret."""
+    return pulumi.Output.secret(  # type: ignore[arg-type]
+        pulumi.Output.all(hf_token, api_key).apply(lambda v: commands.vllm_stdin(v[0], v[1])))
+
+
 def env_file_stdin(role: str, hf_token: pulumi.Input[str] | None) -> pulumi.Output[str]:
     """stdin of a container command without the API server: its env-file (HF_TOKEN), secret."""
     if hf_token is None:

@@ -5,8 +5,9 @@ image check and a reviewer read."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 
-from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, _prelude, stop_other_backend
+from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, _prelude, container_name
 from .spec import ClusterSpec, NodeSpec
 
 # Prints "RAY PYTHON VLLM" for an image ("none" for an image without Ray: vLLM dropped it as a
@@ -28,6 +29,19 @@ VERSIONS_PY = (
     "    sys.exit('no vllm command in the image')\n"
     "print(ray_version, sys.version.split()[0], vllm)\n"
 )
+
+
+def stop_other_backend(spec: ClusterSpec, roles: Sequence[str], other: str) -> str:
+    """In each node's preflight: stop the other backend's containers of this stack on the
+    node. A backend switch renames every resource, and the engine deletes resources that left
+    the program only after it created the new ones (its deletes run last); the preflights run
+    before any container, so every old one is gone, on every node, before the first new one
+    starts. The old resources' deletes then find nothing to remove."""
+    names = " ".join(shlex.quote(container_name(spec, r)) for r in roles)
+    return (f"for old in {names}; do if docker inspect \"$old\" >/dev/null 2>&1; then "
+            f'log "stopping $old (backend {other}\'s, replaced by backend {spec.backend})"; '
+            'docker rm --force --volumes "$old" >/dev/null 2>&1 || fail "cannot stop $old"; '
+            "fi; done")
 
 
 def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:

@@ -9,7 +9,7 @@ import pulumi
 
 from . import commands
 from .backends import ray
-from .node import SparkNode, container_command, env_facts
+from .node import SparkNode, container_command, env_facts, vllm_stdin_secret
 from .ray_cluster import RayCluster
 from .spec import ClusterSpec
 
@@ -32,9 +32,7 @@ class VllmService(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:vllm:VllmService", name, None, opts)
         spec, cluster = args.spec, args.cluster
-        stdin: pulumi.Output[str] = pulumi.Output.secret(  # type: ignore[arg-type]
-            pulumi.Output.all(args.hf_token, args.api_key).apply(
-                lambda v: commands.vllm_stdin(v[0], v[1])))
+        stdin = vllm_stdin_secret(args.hf_token, args.api_key)
         self.serve = container_command(
             f"{name}-serve", self, args.head, spec, commands.VLLM,
             create=ray.vllm_start_script(spec),

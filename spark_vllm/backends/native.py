@@ -177,8 +177,7 @@ def join_lines(spec: ClusterSpec) -> list[str]:
         *_wait_loop("joined", timeout, f"every node's ranks to join rank 0 at {master}", [
             '[ "$(date +%s)" -lt "$deadline" ] || fail "the ranks did not all join rank 0 at '
             f'{master} within {timeout} s (joinTimeout): expected{_names(spec)}; joined:'
-            '${seen:- none}; missing:$missing (their own logs say why: spark-vllm status)"'],
-            sleep_s=0.5),
+            '${seen:- none}; missing:$missing (their own logs say why: spark-vllm status)"']),
         f'log "every node joined rank 0 at {master}:$seen"',
     ]
 

@@ -55,6 +55,19 @@ def lab2() -> Iterator[Lab]:
 
 
 @pytest.fixture(scope="module")
+def lab2n() -> Iterator[Lab]:
+    """Two nodes, the stack on backend native (vLLM's own multi-node, no Ray)."""
+    lab = None
+    try:
+        lab = start_lab(2)
+        lab.set("backend", "native")
+        lab.set("joinTimeout", 60)
+        yield lab
+    finally:
+        _teardown(lab)
+
+
+@pytest.fixture(scope="module")
 def lab2_legacy() -> Iterator[Lab]:
     """Two nodes whose simulator plays vLLM 0.17.1 (the outage image's legacy Ray executor)."""
     lab = None

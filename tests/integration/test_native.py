@@ -10,12 +10,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 
 import pytest
 
 from lab import cluster
-from tests.integration.conftest import API_KEY, _teardown, start_lab
+from tests.integration.conftest import API_KEY
 from tests.integration.engine import (
     REPO,
     STACK,
@@ -39,18 +38,6 @@ RAY_LAYOUT = [("node-1", "ray-head"), ("node-1", "vllm"), ("node-2", "ray-worker
 def ok(run: Run) -> Run:
     assert run.error is None, run.error[-3000:]
     return run
-
-
-@pytest.fixture(scope="module")
-def lab2n() -> Iterator[Lab]:
-    lab = None
-    try:
-        lab = start_lab(2)
-        lab.set("backend", "native")
-        lab.set("joinTimeout", 60)
-        yield lab
-    finally:
-        _teardown(lab)
 
 
 def identities() -> dict[str, str]:
