@@ -1,9 +1,10 @@
 # shellcheck shell=bash
 # Source me (bash), from any directory:   source lab/env.sh
 #
-# Puts the real Pulumi engine built by lab/tools.sh on PATH (the CLI with its bundled Python
-# language host), installs the command provider into the lab's plugin cache the way
-# `pulumi plugin install` does for a download, and points Pulumi at local, offline state:
+# Puts the Pulumi engine of lab/tools.sh on PATH (the real CLI with its bundled Python language
+# host: the official one, or the lab's launcher of the SDK's own language server), links the
+# command provider (the real one, or the lab's stand-in) into the lab's plugin cache where
+# `pulumi plugin install` puts a download, and points Pulumi at local, offline state:
 #   PULUMI_BACKEND_URL=file://<repo>/.lab/state  PULUMI_HOME=<repo>/.lab/pulumi-home
 #   PULUMI_CONFIG_PASSPHRASE (default spark-vllm-lab)  PULUMI_SKIP_UPDATE_CHECK=true
 #   PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
@@ -17,7 +18,7 @@ if [ -z "${BASH_VERSION:-}" ]; then
 fi
 
 _svl_env() {
-    local here repo bin plugdir leaf kind rest name version out
+    local here repo bin plugdir leaf kind rest name target out
     here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) || return 1
     repo=$(cd "$here/.." && pwd) || return 1
     bin=$("$here/tools.sh" | tail -n 1) || { echo "lab/env.sh: lab/tools.sh failed" >&2; return 1; }
@@ -31,18 +32,18 @@ _svl_env() {
     export PULUMI_SKIP_UPDATE_CHECK=true
     export PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
     export PULUMI_IGNORE_AMBIENT_PLUGINS=true
-    # <engine>/plugins/<kind>-<name>-v<version>/<binary>: install each one that the plugin cache
-    # does not hold byte for byte (a rebuilt provider replaces the old one).
+    # <engine>/plugins/<kind>-<name>-v<version>/<binary>: link each into the lab's plugin cache,
+    # where `pulumi plugin install` would put a download (a link, not a copy: the stand-in
+    # provider is a script that finds this checkout from its own path).
     for plugdir in "$bin"/../plugins/*-v*/; do
         [ -d "$plugdir" ] || continue
-        leaf=$(basename "$plugdir"); kind=${leaf%%-*}; rest=${leaf#*-}
-        name=${rest%-v*}; version=${rest##*-v}
-        if ! cmp -s "$plugdir/pulumi-$kind-$name" \
-                "$PULUMI_HOME/plugins/$leaf/pulumi-$kind-$name" 2>/dev/null; then
-            out=$("$bin/pulumi" plugin install "$kind" "$name" "$version" --reinstall \
-                --file "$plugdir/pulumi-$kind-$name" 2>&1) ||
-                { echo "lab/env.sh: installing the $kind plugin $name $version failed: $out" >&2
-                  return 1; }
+        leaf=$(basename "$plugdir"); kind=${leaf%%-*}; rest=${leaf#*-}; name=${rest%-v*}
+        target=$(readlink -f "$plugdir/pulumi-$kind-$name") || return 1
+        out="$PULUMI_HOME/plugins/$leaf"
+        if [ "$(readlink -f "$out/pulumi-$kind-$name" 2>/dev/null)" != "$target" ]; then
+            rm -rf "$out" "$out.lock" "$out.partial" && mkdir -p "$out" &&
+                ln -s "$target" "$out/pulumi-$kind-$name" ||
+                { echo "lab/env.sh: linking the $kind plugin $name into $out failed" >&2; return 1; }
         fi
     done
 }

@@ -4,12 +4,15 @@
 #   debootstrap   builds the Debian base image (no registry is reachable from the lab machine)
 #   openssh-client, rsync   reaching the nodes as a Spark is reached
 #   iproute2, iptables, curl, ca-certificates   networks, checks, and the CA bundle for pip
+#   openssh-server  the sshd binary for tests/engine (the command-provider stand-in's conformance
+#                   tests run a private sshd on loopback; the system service is NOT started:
+#                   policy-rc.d refuses it during the install)
 set -euo pipefail
 
 #   make          the Makefile (make test, make demo)
 #   shellcheck    actionlint checks the PR workflow's `run:` scripts with it (tests/toolchain)
 #   python3-venv  only when the python3 on PATH is Debian's and cannot make a venv without it
-PKGS=(docker.io debootstrap openssh-client iproute2 iptables rsync curl ca-certificates make
+PKGS=(docker.io debootstrap openssh-client openssh-server iproute2 iptables rsync curl ca-certificates make
       shellcheck)
 if ! python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then PKGS+=(python3-venv); fi
 

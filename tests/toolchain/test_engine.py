@@ -1,6 +1,8 @@
-"""The engine `source lab/env.sh` gives is the real Pulumi engine (lab/tools.sh): the command
-provider at the version the Python SDK pins, installed in the lab's plugin cache as a download
-would be, and the Python language host bundled next to the CLI — nothing taken from $PATH."""
+"""The engine `source lab/env.sh` gives (lab/tools.sh): the real Pulumi CLI from the Go module
+proxy, the Python SDK's own language server launched as the bundled language host, and the
+command provider at the version the Python SDK pins — the real one where installed, else the
+lab's stand-in — linked into the lab's plugin cache as a download would be, nothing from $PATH.
+And nothing in the repository reads or builds from copied upstream sources."""
 
 from __future__ import annotations
 
@@ -16,21 +18,13 @@ import pytest
 from lab import envsh
 from lab.config import REPO_DIR
 
-VENDOR = Path(os.environ.get("SPARK_VLLM_VENDOR", REPO_DIR.parent / "shared" / "vendor"))
+STAND_IN = REPO_DIR / "lab" / "engine" / "bin"
 
 
 def _pin(name: str) -> str:
     text = (REPO_DIR / "requirements.txt").read_text()
     match = re.search(rf"^{re.escape(name)}==(\S+)", text, re.M)
     assert match, f"no {name} pin"
-    return match.group(1)
-
-
-def _vendored_sdk() -> str:
-    row = next(line for line in (VENDOR / "README.md").read_text().splitlines()
-               if line.startswith("| `pulumi-language-python/`"))
-    match = re.search(r"\| sdk (\d+\.\d+\.\d+)", row)
-    assert match, row
     return match.group(1)
 
 
@@ -47,24 +41,24 @@ def pulumi(env: dict[str, str], *args: str) -> str:
     return proc.stdout
 
 
-def test_the_command_provider_is_installed_at_the_pinned_version(env: dict[str, str]) -> None:
+def test_the_command_provider_is_in_the_plugin_cache_at_the_pinned_version(
+        env: dict[str, str]) -> None:
     plugins = json.loads(pulumi(env, "plugin", "ls", "--json"))
     command = [p for p in plugins if (p["kind"], p["name"]) == ("resource", "command")]
     assert [p["version"] for p in command] == [_pin("pulumi-command")], plugins
     installed = (Path(env["PULUMI_HOME"]) / "plugins" / f"resource-command-v{_pin('pulumi-command')}"
                  / "pulumi-resource-command")
-    built = (Path(env["SPARK_VLLM_TOOLCHAIN_BIN"]).parent / "plugins"
-             / f"resource-command-v{_pin('pulumi-command')}" / "pulumi-resource-command")
-    assert installed.read_bytes() == built.read_bytes()
-    # a Go binary with pulumi-command's own version stamped in, not a script
-    data = built.read_bytes()
-    assert data[:4] == b"\x7fELF" and b"github.com/pulumi/pulumi-command/provider" in data
+    # no real provider is installed on this machine: the stand-in, linked (it finds the
+    # checkout from its own path)
+    assert installed.resolve() == STAND_IN / "pulumi-resource-command"
 
 
-def test_pulumi_about_names_the_real_language_host(env: dict[str, str]) -> None:
+def test_pulumi_about_names_the_sdks_language_server_and_the_project_venv(
+        env: dict[str, str]) -> None:
     about = json.loads(pulumi(env, "about", "--json"))
     language = [p for p in about["plugins"] if p["kind"] == "language" and p["name"] == "python"]
-    assert [p["version"] for p in language] == [_vendored_sdk()], about["plugins"]
+    assert [p["version"] for p in language] == [_pin("pulumi")], about["plugins"]
+    assert about["runtime"]["executable"] == str(REPO_DIR / ".venv" / "bin" / "python")
     assert about["cliAbout"]["version"].startswith("3.")
 
 
@@ -72,69 +66,80 @@ def test_no_plugin_is_taken_from_path(env: dict[str, str]) -> None:
     assert env.get("PULUMI_IGNORE_AMBIENT_PLUGINS") == "true"
     path = env["PATH"]
     bundled = Path(env["SPARK_VLLM_TOOLCHAIN_BIN"])
-    # the language host resolves next to the CLI (bundled), the command provider nowhere on PATH
+    # the CLI is a real Go binary; the language host resolves next to it (bundled) to the lab's
+    # launcher; the command provider is nowhere on PATH
     assert shutil.which("pulumi", path=path) == str(bundled / "pulumi")
+    assert (bundled / "pulumi").read_bytes()[:4] == b"\x7fELF"
     assert shutil.which("pulumi-language-python", path=path) == str(bundled /
                                                                     "pulumi-language-python")
-    assert (bundled / "pulumi-language-python").read_bytes()[:4] == b"\x7fELF"
+    assert (bundled / "pulumi-language-python").resolve() == STAND_IN / "pulumi-language-python"
     assert shutil.which("pulumi-resource-command", path=path) is None
-
-
-def test_a_vendor_snapshot_that_does_not_match_the_pin_is_refused(tmp_path: Path) -> None:
-    vendor = tmp_path / "vendor"
-    shutil.copytree(VENDOR, vendor)
-    readme = vendor / "README.md"
-    readme.chmod(0o644)
-    readme.write_text(readme.read_text().replace(f"tag v{_pin('pulumi-command')}", "tag v1.0.9"))
-    proc = subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "SPARK_VLLM_VENDOR": str(vendor),
-                                           "SPARK_VLLM_CACHE": str(tmp_path / "cache"),
-                                           "SPARK_VLLM_ENGINE": "vendored"})
-    assert proc.returncode != 0
-    assert f"pins pulumi-command=={_pin('pulumi-command')}" in proc.stderr
-    assert "v1.0.9" in proc.stderr
-    assert not (tmp_path / "cache").exists()  # refused before building anything
 
 
 def _installed_engine(tmp_path: Path, env: dict[str, str], with_plugin: bool = True) -> dict[str, str]:
     """An engine installed the usual way: the CLI with its language host in one directory on
-    PATH (the official tarball's layout), the command provider in ~/.pulumi/plugins. Its parts
-    are copies of the real ones the fallback built."""
+    PATH (the official tarball's layout), the command provider in ~/.pulumi/plugins. The CLI is
+    a copy of the lab's; the host and the provider are placeholders (only their place counts)."""
     built = Path(env["SPARK_VLLM_TOOLCHAIN_BIN"])
     bin_dir, home = tmp_path / "pulumi" / "bin", tmp_path / "home" / ".pulumi"
     bin_dir.mkdir(parents=True)
-    for part in built.iterdir():
-        shutil.copy2(part, bin_dir / part.name)
+    shutil.copy2(built / "pulumi", bin_dir / "pulumi")
+    for name in ("pulumi-language-python", "pulumi-resource-pulumi-python"):
+        (bin_dir / name).write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / name).chmod(0o755)
     if with_plugin:
         leaf = f"resource-command-v{_pin('pulumi-command')}"
         (home / "plugins" / leaf).mkdir(parents=True)
-        shutil.copy2(built.parent / "plugins" / leaf / "pulumi-resource-command",
-                     home / "plugins" / leaf / "pulumi-resource-command")
+        (home / "plugins" / leaf / "pulumi-resource-command").write_text("#!/bin/sh\nexit 1\n")
+        (home / "plugins" / leaf / "pulumi-resource-command").chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PULUMI_HOME": str(home),
-            "SPARK_VLLM_CACHE": str(tmp_path / "cache"),
-            # no sources: only the installed engine can answer
-            "SPARK_VLLM_VENDOR": str(tmp_path / "no-vendor")}
+            "SPARK_VLLM_CACHE": str(tmp_path / "cache")}
 
 
-def test_an_installed_engine_is_used_without_building_or_vendored_sources(
-        tmp_path: Path, env: dict[str, str]) -> None:
-    proc = subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
-                          timeout=60, env=_installed_engine(tmp_path, env))
+def _tools(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
+                          timeout=60, env=env)
+
+
+def test_an_installed_engine_is_used_whole_without_building(tmp_path: Path,
+                                                             env: dict[str, str]) -> None:
+    proc = _tools(_installed_engine(tmp_path, env))
     assert proc.returncode == 0, proc.stderr
     assert "using the installed engine" in proc.stderr and "building" not in proc.stderr
+    assert "(the real one)" in proc.stderr
     bin_dir = Path(proc.stdout.splitlines()[-1])
     assert (bin_dir / "pulumi").resolve() == tmp_path / "pulumi" / "bin" / "pulumi"
+    assert (bin_dir / "pulumi-language-python").resolve() == (
+        tmp_path / "pulumi" / "bin" / "pulumi-language-python")
     plugin = bin_dir.parent / "plugins" / f"resource-command-v{_pin('pulumi-command')}"
     assert (plugin / "pulumi-resource-command").resolve().is_relative_to(tmp_path / "home")
-    version = subprocess.run([str(bin_dir / "pulumi"), "version"], capture_output=True,
-                             text=True, timeout=60).stdout.strip()
-    assert version.startswith("v3.")
 
 
-def test_an_installed_cli_without_the_command_plugin_falls_back_and_says_why(
+def test_an_installed_cli_without_the_command_plugin_takes_the_stand_in_and_says_so(
         tmp_path: Path, env: dict[str, str]) -> None:
-    proc = subprocess.run(["bash", "lab/tools.sh"], cwd=REPO_DIR, capture_output=True, text=True,
-                          timeout=60, env=_installed_engine(tmp_path, env, with_plugin=False))
-    assert proc.returncode != 0
-    assert f"pulumi plugin install resource command {_pin('pulumi-command')}" in proc.stderr
-    assert "set SPARK_VLLM_VENDOR" in proc.stderr
+    proc = _tools(_installed_engine(tmp_path, env, with_plugin=False))
+    assert proc.returncode == 0, proc.stderr
+    assert "stand-in for pulumi-resource-command" in proc.stderr, proc.stderr
+    bin_dir = Path(proc.stdout.splitlines()[-1])
+    # the official host still answers: the stand-in only where nothing is installed
+    assert (bin_dir / "pulumi-language-python").resolve() == (
+        tmp_path / "pulumi" / "bin" / "pulumi-language-python")
+    plugin = bin_dir.parent / "plugins" / f"resource-command-v{_pin('pulumi-command')}"
+    assert (plugin / "pulumi-resource-command").resolve() == STAND_IN / "pulumi-resource-command"
+
+
+def test_nothing_in_the_repository_reads_shared_or_vendored_sources() -> None:
+    """The engine comes from registries and this repository alone (issue 30): no path into the
+    notes directory beside the clone, no vendored-source build."""
+    files = subprocess.run(["git", "ls-files"], cwd=REPO_DIR, capture_output=True, text=True,
+                           timeout=60, check=True).stdout.split()
+    this = Path(__file__).relative_to(REPO_DIR).as_posix()
+    offenders = []
+    for name in files:
+        path = REPO_DIR / name
+        if name == this or not path.is_file() or path.suffix in {".json", ".png", ".lock"}:
+            continue
+        text = path.read_text(errors="replace")
+        if re.search(r"shared/vendor|SPARK_VLLM_VENDOR|\.\./shared\b|parent / \"shared\"", text):
+            offenders.append(name)
+    assert offenders == []

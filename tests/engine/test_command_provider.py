@@ -1,0 +1,530 @@
+"""The stand-in pulumi-resource-command (lab/engine/command_provider) under the REAL Pulumi CLI
+(lab/tools.sh, via `source lab/env.sh`), driving `command:remote:Command` from the real
+pulumi_command 1.2.1 SDK against a private sshd on loopback (started here, own host key, own
+client key, AcceptEnv for SVL_* and PULUMI_COMMAND_*).
+
+Automation API inline programs (no language host needed), a temp file backend and a temp
+PULUMI_HOME whose plugin cache holds the stand-in (resource-command-v1.2.1 -> lab/engine/bin/
+pulumi-resource-command) with ambient plugins ignored, so the stand-in is what runs even if a PATH
+holds another one; one test launches it from PATH instead.
+
+The commands run on this machine (the sshd is local), so they record what ran in a file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi.automation as auto
+import pulumi_command as command
+import pytest
+
+from lab import envsh
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+WRAPPER = REPO / "lab" / "engine" / "bin" / "pulumi-resource-command"
+SSHD = Path("/usr/sbin/sshd")
+SECRET_STDIN = "stdin-s3cret-" + os.urandom(4).hex()
+
+
+# --- engine ----------------------------------------------------------------------------------------
+@dataclass
+class Engine:
+    env: dict[str, str]
+    pulumi_root: str  # <root>/bin/pulumi
+    tmp: Path
+
+    def workspace_opts(self, env: dict[str, str] | None = None) -> Any:
+        return auto.LocalWorkspaceOptions(
+            env_vars=env or self.env,
+            pulumi_command=auto.PulumiCommand(root=self.pulumi_root, skip_version_check=True))
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
+    e = envsh.sourced()
+    pulumi_bin = shutil.which("pulumi", path=e.get("PATH", ""))
+    if pulumi_bin is None:
+        pytest.fail("no pulumi CLI after `source lab/env.sh`")
+    tmp = tmp_path_factory.mktemp("cmdprov")
+    home, state = tmp / "home", tmp / "state"
+    plug = home / "plugins" / "resource-command-v1.2.1"
+    plug.mkdir(parents=True)
+    (plug / "pulumi-resource-command").symlink_to(WRAPPER)
+    state.mkdir()
+    env = {
+        "PATH": f"{Path(pulumi_bin).parent}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": os.environ.get("HOME", str(tmp)),
+        "PULUMI_HOME": str(home),
+        "PULUMI_BACKEND_URL": f"file://{state}",
+        "PULUMI_CONFIG_PASSPHRASE": "cmdprov-test",
+        "PULUMI_SKIP_UPDATE_CHECK": "true",
+        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
+        "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
+    }
+    return Engine(env, str(Path(pulumi_bin).parent.parent), tmp)
+
+
+# --- sshd ------------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)],
+                   check=True, stdin=subprocess.DEVNULL)
+
+
+@dataclass
+class Sshd:
+    port: int
+    user: str
+    client_key: str
+    host_key: str  # "ssh-ed25519 AAAA…"
+    other_key: str  # a host key that is not this server's
+    dir: Path
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    if not SSHD.exists():
+        pytest.fail("no /usr/sbin/sshd (apt-get install openssh-server)")
+    d = tmp_path_factory.mktemp("sshd")
+    for n in ("host", "client", "other"):
+        _keygen(d / n)
+    (d / "authorized_keys").write_text((d / "client.pub").read_text())
+    port = _free_port()
+    (d / "sshd_config").write_text(f"""\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {d}/host
+AuthorizedKeysFile {d}/authorized_keys
+PidFile {d}/sshd.pid
+PermitRootLogin prohibit-password
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AcceptEnv SVL_* PULUMI_COMMAND_*
+LogLevel VERBOSE
+""")
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
+    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
+                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w"))
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
+                time.sleep(0.05)
+        import getpass
+        yield Sshd(port, getpass.getuser(), (d / "client").read_text(),
+                   " ".join((d / "host.pub").read_text().split()[:2]),
+                   " ".join((d / "other.pub").read_text().split()[:2]), d)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+# --- stacks ----------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    ops: list[tuple[str, str]] = field(default_factory=list)  # (op, resource name), step start
+    status: list[tuple[float, str, bool]] = field(default_factory=list)  # (t, msg, ephemeral)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    seconds: float = 0.0
+    done_at: dict[str, float] = field(default_factory=dict)
+
+    def changed(self) -> list[tuple[str, str]]:
+        return [(op, n) for op, n in self.ops if op != "same"]
+
+    def lines(self) -> list[str]:
+        return [m for _, m, _ in self.status]
+
+
+class Stack:
+    def __init__(self, engine: Engine, name: str, program: Callable[[], None],
+                 env: dict[str, str] | None = None) -> None:
+        self.engine = engine
+        self.env = env or engine.env
+        self.stack = auto.create_or_select_stack(name, "cmdprov", program=program,
+                                                 opts=engine.workspace_opts(env))
+
+    def _run(self, fn: Callable[..., Any]) -> Run:
+        run = Run()
+        t0 = time.monotonic()
+
+        def on_event(ev: Any) -> None:
+            now = time.monotonic() - t0
+            if ev.resource_pre_event is not None:
+                md = ev.resource_pre_event.metadata
+                run.ops.append((md.op.value, md.urn.split("::")[-1]))
+            if ev.res_outputs_event is not None:
+                run.done_at[ev.res_outputs_event.metadata.urn.split("::")[-1]] = now
+            d = ev.diagnostic_event
+            if d is not None and d.severity in ("info", "warning", "error"):
+                run.status.append((now, d.message.rstrip("\n"), bool(d.ephemeral)))
+
+        try:
+            res = fn(on_event=on_event)
+            run.outputs = {k: v.value for k, v in getattr(res, "outputs", {}).items()}
+        except auto.CommandError as e:
+            run.error = str(e)
+        run.seconds = time.monotonic() - t0
+        return run
+
+    def up(self) -> Run:
+        return self._run(self.stack.up)
+
+    def preview(self) -> Run:
+        return self._run(self.stack.preview)
+
+    def refresh(self) -> Run:
+        return self._run(self.stack.refresh)
+
+    def destroy(self) -> Run:
+        return self._run(self.stack.destroy)
+
+    def export(self) -> dict[str, Any]:
+        """`pulumi stack export` as a user runs it (secrets stay encrypted; the Automation
+        API's export_stack shows them)."""
+        r = subprocess.run([str(Path(self.engine.pulumi_root, "bin", "pulumi")), "stack",
+                            "export", "--stack", self.stack.name],
+                           cwd=self.stack.workspace.work_dir, env=self.env,
+                           capture_output=True, text=True, check=True)
+        d: dict[str, Any] = json.loads(r.stdout)["deployment"]
+        return d
+
+    def resource(self, name: str) -> dict[str, Any]:
+        for r in self.export().get("resources", []):
+            if r["urn"].endswith("::" + name):
+                return dict(r)
+        raise KeyError(name)
+
+    def remove(self) -> None:
+        self.stack.workspace.remove_stack(self.stack.name, force=True)
+
+
+def _conn(s: Sshd, **kw: Any) -> Any:
+    return command.remote.ConnectionArgs(host=kw.pop("host", "127.0.0.1"), port=s.port,
+                                         user=s.user, private_key=pulumi.Output.secret(
+                                             s.client_key), **kw)
+
+
+def _ops_log(engine: Engine, name: str) -> Path:
+    p = engine.tmp / f"{name}.ops"
+    p.write_text("")
+    return p
+
+
+# --- scenarios -------------------------------------------------------------------------------------
+def test_lifecycle(engine: Engine, sshd: Sshd) -> None:
+    """create -> no-op -> create changed (in-place update, old delete not run) -> connection
+    changed (update on the new connection) -> triggers changed with delete_before_replace (the
+    OLD delete string runs, then create) -> destroy (delete runs)."""
+    log = _ops_log(engine, "lifecycle")
+    spec: dict[str, Any] = {"v": "1", "dv": "1", "trigger": "a", "host": "127.0.0.1"}
+
+    def program() -> None:
+        c = command.remote.Command(
+            "c1", connection=_conn(sshd, host=spec["host"]),
+            create=(f"echo create-v{spec['v']} >> {log}; echo out-v{spec['v']}; "
+                    f"echo err-v{spec['v']} >&2; echo \"prev=$PULUMI_COMMAND_STDOUT\" >> {log}"),
+            delete=f"echo delete-v{spec['dv']} \"prev=$PULUMI_COMMAND_STDOUT\" >> {log}",
+            triggers=[spec["trigger"]],
+            opts=pulumi.ResourceOptions(delete_before_replace=True,
+                                        replace_on_changes=["triggers"]))
+        pulumi.export("stdout", c.stdout)
+        pulumi.export("stderr", c.stderr)
+        pulumi.export("id", c.id)
+
+    st = Stack(engine, "lifecycle", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        assert ("create", "c1") in r.ops
+        assert r.outputs["stdout"] == "out-v1" and r.outputs["stderr"] == "err-v1"
+        rid = r.outputs["id"]
+        assert rid.startswith("c1") and len(rid) == 10 and int(rid[2:], 16) >= 0
+        assert "out-v1" in r.lines() and "err-v1" in r.lines()  # streamed as status lines
+        assert log.read_text().splitlines() == ["create-v1", "prev="]
+
+        r = st.up()  # no change: nothing runs
+        assert r.error is None, r.error
+        assert r.changed() == [], r.ops
+        assert log.read_text().splitlines() == ["create-v1", "prev="]
+
+        r = st.refresh()  # Read returns the stored state: nothing changes, nothing runs
+        assert r.error is None, r.error
+        assert st.resource("c1")["outputs"]["stdout"] == "out-v1"
+        assert st.up().changed() == []
+        assert log.read_text().splitlines() == ["create-v1", "prev="]
+
+        spec.update(v="2", dv="2")  # create + delete changed: in-place update, create runs again
+        r = st.up()
+        assert r.error is None, r.error
+        assert ("update", "c1") in r.ops and not any(op == "delete" for op, _ in r.ops)
+        assert r.outputs["id"] == rid and r.outputs["stdout"] == "out-v2"
+        assert log.read_text().splitlines()[2:] == ["create-v2", "prev=out-v1"]
+
+        spec.update(host="localhost")  # new connection: in-place update on the new host
+        r = st.up()
+        assert r.error is None, r.error
+        assert ("update", "c1") in r.ops and r.outputs["id"] == rid
+        assert log.read_text().splitlines()[4:] == ["create-v2", "prev=out-v2"]
+
+        spec.update(v="3", dv="3", trigger="b")  # replace, delete first with the OLD delete
+        r = st.up()
+        assert r.error is None, r.error
+        assert [op for op, n in r.ops if n == "c1"] == ["delete-replaced", "replace",
+                                                        "create-replacement"], r.ops
+        assert r.outputs["id"] != rid
+        assert log.read_text().splitlines()[6:] == ["delete-v2 prev=out-v2", "create-v3",
+                                                    "prev="]
+
+        r = st.destroy()
+        assert r.error is None, r.error
+        assert log.read_text().splitlines()[9:] == ["delete-v3 prev=out-v3"]
+    finally:
+        st.remove()
+
+
+def test_triggers_replace_by_default(engine: Engine, sshd: Sshd) -> None:
+    """No resource options: a `triggers` change alone is a replace (provider + the SDK's own
+    replace_on_changes), create-before-delete, and the replaced one runs its stored delete."""
+    log = _ops_log(engine, "triggers")
+    spec = {"t": "a"}
+
+    def program() -> None:
+        command.remote.Command("t1", connection=_conn(sshd),
+                               create=f"echo create-{spec['t']} >> {log}",
+                               delete=f"echo delete-{spec['t']} >> {log}",
+                               triggers=[spec["t"], 1])
+
+    st = Stack(engine, "triggers", program)
+    try:
+        assert st.up().error is None
+        spec["t"] = "b"
+        r = st.up()
+        assert r.error is None, r.error
+        assert [op for op, n in r.ops if n == "t1"] == ["create-replacement", "replace",
+                                                        "delete-replaced"], r.ops
+        assert log.read_text().splitlines() == ["create-a", "create-b", "delete-a"]
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_preview_runs_nothing(engine: Engine, sshd: Sshd) -> None:
+    log = _ops_log(engine, "preview")
+    spec = {"v": "1"}
+
+    def program() -> None:
+        c = command.remote.Command("p1", connection=_conn(sshd),
+                                   create=f"echo create-{spec['v']} >> {log}; echo hi")
+        pulumi.export("stdout", c.stdout)
+
+    st = Stack(engine, "preview", program)
+    try:
+        r = st.preview()
+        assert r.error is None, r.error
+        assert ("create", "p1") in r.ops
+        assert log.read_text() == ""
+        assert st.up().error is None
+        spec["v"] = "2"
+        r = st.preview()
+        assert r.error is None and ("update", "p1") in r.ops
+        assert log.read_text().splitlines() == ["create-1"]
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_stdin_and_secrets(engine: Engine, sshd: Sshd) -> None:
+    """stdin reaches the command; connection (always) and a secret stdin are encrypted in the
+    state; stdout is not secret; environment arrives (sshd AcceptEnv SVL_*)."""
+    out = engine.tmp / "stdin.out"
+
+    def program() -> None:
+        c = command.remote.Command(
+            "s1", connection=_conn(sshd),
+            create=f"cat > {out}; echo \"env=$SVL_GREETING\"",
+            stdin=pulumi.Output.secret(SECRET_STDIN),
+            environment={"SVL_GREETING": "hello world\nline2"})
+        pulumi.export("stdout", c.stdout)
+        pulumi.export("stdin", c.stdin)
+
+    st = Stack(engine, "secrets", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        assert out.read_text() == SECRET_STDIN
+        assert r.outputs["stdout"] == "env=hello world\nline2"
+        assert SECRET_STDIN not in "\n".join(r.lines())
+        stack = st.stack.outputs()
+        assert stack["stdin"].secret and not stack["stdout"].secret
+        res = st.resource("s1")
+        for where in ("inputs", "outputs"):
+            for k in ("connection", "stdin"):
+                v = res[where][k]
+                assert isinstance(v, dict) and "ciphertext" in v, (where, k, v)
+        blob = json.dumps(st.export())
+        assert SECRET_STDIN not in blob and "PRIVATE KEY" not in blob
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_host_key_pinning(engine: Engine, sshd: Sshd) -> None:
+    spec = {"key": sshd.host_key}
+
+    def program() -> None:
+        c = command.remote.Command("h1", connection=_conn(sshd, host_key=spec["key"],
+                                                          dial_error_limit=1),
+                                   create="echo pinned")
+        pulumi.export("stdout", c.stdout)
+
+    st = Stack(engine, "hostkey", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        assert r.outputs["stdout"] == "pinned"
+        st.destroy()
+        spec["key"] = sshd.other_key
+        r = st.up()
+        assert r.error is not None
+        assert "after 1 failed attempts: ssh: handshake failed: ssh: host key mismatch" in r.error
+        assert any("Dial 1/1 failed: retrying" in m for m in r.lines())
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_failing_command_fails_with_its_output(engine: Engine, sshd: Sshd) -> None:
+    def program() -> None:
+        command.remote.Command("f1", connection=_conn(sshd),
+                               create="echo partial-out; echo boom >&2; exit 3")
+
+    st = Stack(engine, "failing", program)
+    try:
+        r = st.up()
+        assert r.error is not None
+        assert ('Process exited with status 3: running "echo partial-out; echo boom >&2; '
+                'exit 3"') in r.error
+        assert "partial-out" in r.error and "boom" in r.error
+        assert all(not x["urn"].endswith("::f1") for x in st.export().get("resources", []))
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_unreachable_host_fails_after_dial_error_limit(engine: Engine, sshd: Sshd) -> None:
+    port = _free_port()  # nothing listens there
+
+    def program() -> None:
+        command.remote.Command("u1", connection=command.remote.ConnectionArgs(
+            host="127.0.0.1", port=port, private_key=pulumi.Output.secret(sshd.client_key),
+            dial_error_limit=3, per_dial_timeout=2), create="echo never")
+
+    st = Stack(engine, "unreachable", program)
+    try:
+        r = st.up()
+        assert r.error is not None
+        assert (f"after 3 failed attempts: dial tcp 127.0.0.1:{port}: connect: connection "
+                "refused") in r.error
+        retries = [m for m in r.lines() if "failed: retrying" in m]
+        assert retries == ["Dial 1/3 failed: retrying", "Dial 2/3 failed: retrying",
+                           "Dial 3/3 failed: retrying"]
+        assert r.seconds < 30
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_streams_while_running_and_logging_none(engine: Engine, sshd: Sshd) -> None:
+    def program() -> None:
+        command.remote.Command("l1", connection=_conn(sshd),
+                               create="echo first-line; sleep 2; echo second-line")
+        command.remote.Command("l2", connection=_conn(sshd), create="echo quiet-line",
+                               logging=command.remote.Logging.NONE)
+
+    st = Stack(engine, "streaming", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        t = {m: at for at, m, _ in r.status}
+        assert "first-line" in t and "second-line" in t
+        assert t["second-line"] - t["first-line"] > 1.0  # not all at the end
+        assert t["first-line"] < r.done_at["l1"] - 1.0
+        assert all(eph for _, m, eph in r.status if m in ("first-line", "second-line"))
+        assert "quiet-line" not in r.lines()
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_found_on_path(engine: Engine, sshd: Sshd) -> None:
+    """Without the plugin cache entry: the CLI takes pulumi-resource-command from PATH
+    (and warns that it did)."""
+    home = engine.tmp / "home-path"
+    (home / "plugins").mkdir(parents=True)
+    env = dict(engine.env, PULUMI_HOME=str(home), PATH=f"{WRAPPER.parent}:{engine.env['PATH']}")
+    env.pop("PULUMI_IGNORE_AMBIENT_PLUGINS")
+
+    def program() -> None:
+        c = command.remote.Command("w1", connection=_conn(sshd), create="echo via-path")
+        pulumi.export("stdout", c.stdout)
+
+    st = Stack(engine, "onpath", program, env=env)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        assert r.outputs["stdout"] == "via-path"
+        assert any("using pulumi-resource-command from $PATH" in m for m in r.lines())
+    finally:
+        st.destroy()
+        st.remove()
+
+
+def test_local_command(engine: Engine) -> None:
+    """command:local:Command, the cheap part: /bin/sh -c, stdout, environment, stdin, errors."""
+    spec = {"create": "echo \"local-$SVL_L\"; cat"}
+
+    def program() -> None:
+        c = command.local.Command("loc", create=spec["create"], environment={"SVL_L": "env"},
+                                  stdin="from-stdin")
+        pulumi.export("stdout", c.stdout)
+
+    st = Stack(engine, "local", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        assert r.outputs["stdout"] == "local-env\nfrom-stdin"
+        spec["create"] = "echo bad; exit 2"
+        r = st.up()
+        assert r.error is not None and 'exit status 2: running "echo bad; exit 2"' in r.error
+    finally:
+        st.destroy()
+        st.remove()
