@@ -362,6 +362,38 @@ def test_preview_runs_nothing(engine: Engine, sshd: Sshd) -> None:
         st.remove()
 
 
+def test_refresh_returns_the_stored_state(engine: Engine, sshd: Sshd) -> None:
+    """A Command has no remote state to read: refresh keeps the state as the last run left it
+    (stdout and stderr byte for byte, the command not run again), even when what the command
+    made on the host is gone since — which is why the program adds its own liveness resources."""
+    log = _ops_log(engine, "refresh")
+    made = engine.tmp / "refresh.made"
+
+    def program() -> None:
+        c = command.remote.Command("r1", connection=_conn(sshd),
+                                   create=f"echo ran >> {log}; touch {made}; echo out-$$; "
+                                          "echo err-line >&2")
+        pulumi.export("stdout", c.stdout)
+
+    st = Stack(engine, "refresh", program)
+    try:
+        assert st.up().error is None
+        before = st.resource("r1")
+        made.unlink()  # the host changed behind the state's back
+        r = st.refresh()
+        assert r.error is None, r.error
+        after = st.resource("r1")
+        assert after["outputs"]["stdout"] == before["outputs"]["stdout"]
+        assert after["outputs"]["stderr"] == before["outputs"]["stderr"] == "err-line"
+        assert after["id"] == before["id"]
+        assert log.read_text().splitlines() == ["ran"]  # refresh ran nothing on the host
+        preview = st.preview()
+        assert preview.error is None and preview.changed() == [], preview.ops
+    finally:
+        st.destroy()
+        st.remove()
+
+
 def test_stdin_and_secrets(engine: Engine, sshd: Sshd) -> None:
     """stdin reaches the command; connection (always) and a secret stdin are encrypted in the
     state; stdout is not secret; environment arrives (sshd AcceptEnv SVL_*)."""

@@ -1,8 +1,11 @@
 """Run one child process, streaming its output lines to a logger while collecting it.
 
-The real provider tees stdout and stderr into three buffers (stdout, stderr, both interleaved
-for error messages) and, when ``logging`` allows, into a line scanner that sends each line to the
-engine as an ephemeral info message (``InfoStatus``). Same here, with one reader thread per stream.
+Documented behaviour (pulumi_command 1.2.1, ``logging``): "If the command's stdout and stderr
+should be logged. This doesn't affect the capturing of stdout and stderr as outputs ... Defaults
+to logging both stdout and stderr." So both streams are captured as outputs whatever
+``logging`` says, and, when it allows, each line goes to the engine while the command runs, as
+an ephemeral info message (a resource's status line in ``pulumi up``). One reader thread per
+stream.
 """
 
 from __future__ import annotations

@@ -8,10 +8,13 @@ bit when it echoes inputs back as outputs (what pulumi-go-provider's ``infer`` d
 :func:`reveal` gives the plain values the commands need. Other special objects (resource
 references, assets, output values) stay opaque dicts and compare as wholes.
 
-:func:`diff_inputs` ports the part of pulumi-go-provider ``infer`` that the real
-pulumi-command 1.2.1 uses for ``Diff`` (no custom Diff): ``resource.PropertyMap.Diff`` of the old
-state's input keys against the new inputs, ``plugin.NewDetailedDiffFromObjectDiff`` paths, and a
-replace only for top-level keys marked ``replaceOnChanges`` in the schema (``triggers``).
+:func:`diff_inputs` gives the diff pulumi-command documents: a change to any input is an update
+(``create`` "will also be run when the resource's inputs are modified" when there is no
+``update``), a change to ``triggers`` is a replace ("If the `update` command was provided the
+resource will be updated, otherwise it will be replaced using the `create` command"; the SDK's
+Command class adds ``replace_on_changes=["triggers[*]"]``): pulumi_command 1.2.1's
+``remote/command.py`` docstrings. The detailed-diff paths are the engine's own notation
+(``triggers[0]``, ``connection.host``), as ``pulumi preview --diff`` shows them.
 """
 
 from __future__ import annotations

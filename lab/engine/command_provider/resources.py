@@ -1,6 +1,6 @@
 """The resources: ``command:remote:Command`` (complete) and ``command:local:Command`` (no
-assetPaths/archivePaths), with the lifecycle of pulumi-command 1.2.1 on pulumi-go-provider's
-``infer`` (remote/commandController.go, local/commandController.go, infer/resource.go):
+assetPaths/archivePaths), with the lifecycle pulumi-command 1.2.1 documents (its Python SDK's
+docstrings for every input, and https://www.pulumi.com/registry/packages/command/api-docs/):
 
 - Check: inputs decode into the input type (unknown fields and wrong types are check failures);
   schema defaults are filled in (connection.user "root", port 22, dialErrorLimit 10,

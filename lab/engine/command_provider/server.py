@@ -1,8 +1,8 @@
 """The gRPC ``pulumirpc.ResourceProvider`` server the engine launches as
 ``pulumi-resource-command <engine address>``.
 
-Plugin protocol (sdk/go/common/resource/plugin/plugin.go and provider_plugin.go, CLI v3.274):
-the engine runs the binary with flags (``--logtostderr``, ``-v=N``, ``--tracing <url>``) and its
+Plugin protocol (Pulumi's provider-plugin contract, as the CLI v3.274 launches any resource
+plugin; the messages are the SDK's own pulumirpc stubs): the engine runs the binary with flags (``--logtostderr``, ``-v=N``, ``--tracing <url>``) and its
 own gRPC address as the last argument; the plugin listens on 127.0.0.1:<free port> and writes only
 ``<port>\\n`` to stdout. The engine then calls Handshake (we answer like Configure:
 acceptSecrets, acceptResources, supportsPreview is implied), GetPluginInfo, CheckConfig,

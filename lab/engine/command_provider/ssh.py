@@ -1,6 +1,5 @@
-"""``command:remote:Command``'s connection, done with the OpenSSH client instead of Go's
-x/crypto/ssh (pulumi-command 1.2.1, provider/pkg/provider/remote/connection.go and
-commandOutputs.go).
+"""``command:remote:Command``'s connection, done with the OpenSSH client, to the inputs pulumi-command
+1.2.1 documents (pulumi_command/remote/_inputs.py: ConnectionArgs and ProxyConnectionArgs).
 
 One ``ssh`` per run, configured only by a private ``-F`` file written to a 0700 temp dir (so no
 ~/.ssh/config, /etc/ssh/ssh_config or ~/.ssh/known_hosts takes part, as with the real provider),
@@ -13,10 +12,13 @@ What matches the real provider:
   Set: only that key is accepted (a one-line known_hosts under a HostKeyAlias, host key algorithms
   limited to the key's type); a mismatch fails like ``ssh: handshake failed: ssh: host key
   mismatch``.
-- ``perDialTimeout`` (15 s; 0 = none) -> ConnectTimeout. A failed dial (TCP, handshake, host key,
-  authentication: ssh exit 255 before "Authenticated to") is retried with the real backoff
-  (retry.Until: 100 ms x1.5, at most 5 s) until ``dialErrorLimit`` (10; -1 = unlimited) failures,
-  each logged as "Dial i/N failed: retrying"; then "after N failed attempts: <error>".
+- ``perDialTimeout`` ("Max number of seconds for each dial attempt. 0 implies no maximum. Default
+  value is 15 seconds") -> ConnectTimeout. A failed dial (TCP, handshake, host key,
+  authentication: ssh exit 255 before "Authenticated to") is retried until ``dialErrorLimit``
+  ("Max allowed errors on trying to dial the remote host. -1 set count to unlimited. Default value
+  is 10") failures, each logged as "Dial i/N failed: retrying"; then "after N failed attempts:
+  <error>". The pause between dials (100 ms, x1.5 each time, at most 5 s) is not documented: the
+  stand-in's own choice, short beside a dial.
 - The command is one argument to ssh, so the remote user's login shell runs it (``$SHELL -c``),
   as with session.Run; no pty. ``stdin`` is written to the command's stdin, else it reads EOF.
 - ``environment`` and PULUMI_COMMAND_STDOUT/STDERR travel as SSH "env" requests (the same
@@ -50,7 +52,7 @@ DEFAULT_PER_DIAL_TIMEOUT = 15
 TARGET_ALIAS = "svl-target"
 PROXY_ALIAS = "svl-proxy"
 
-# retry.Until defaults (sdk/go/common/util/retry/until.go)
+# the pause between failed dials (not documented by pulumi-command: this stand-in's choice)
 RETRY_DELAY = 0.1
 RETRY_BACKOFF = 1.5
 RETRY_MAX_DELAY = 5.0
