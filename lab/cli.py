@@ -30,6 +30,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="the vLLM release vllm-sim plays (default %(default)s)")
     up.add_argument("--backend", default="ray", choices=["ray", "native"],
                     help="spark-vllm's backend in the stack file (default %(default)s)")
+    up.add_argument("--model-size", type=model.parse_size, default=config.LAB_MODEL_BYTES,
+                    help="the generated model's size on node-1 (default 3G; e.g. 512M)")
     up.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
 
     down = sub.add_parser("down", help="remove every lab container, network and volume")
@@ -113,6 +115,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             nodes=args.nodes, mgmt_subnet=args.mgmt_subnet, fabric_subnet=args.fabric_subnet,
             stack=args.stack, tp=args.tp, pp=args.pp, quiet=args.quiet,
             sim_vllm_version=args.sim_vllm_version, backend=args.backend,
+            model_bytes=args.model_size,
         ))
         for line in cluster.status():
             print(line)

@@ -35,6 +35,7 @@ class UpOptions:
     # is served by its own image tag (images.inner_image_tag)
     sim_vllm_version: str = config.SIM_VLLM_VERSION
     backend: str = "ray"  # the stack's backend: ray or native (no Ray)
+    model_bytes: int = config.LAB_MODEL_BYTES  # the generated model's size (the tests': small)
 
 
 @dataclass
@@ -171,7 +172,7 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
     # Weights for vllm-sim to check where the head runs (a generated model, not a real one);
     # workers get theirs the way the program stages them.
     with p.step(f"model {config.LAB_MODEL} on {want[0].name}"):
-        p.say(f"  {model.describe(model.ensure(want[0]))}")
+        p.say(f"  {model.describe(model.ensure(want[0], size=opts.model_bytes))}")
     with p.step("stack file"):
         tp = opts.tp if opts.tp is not None else opts.nodes
         path = stackfile.write(opts.stack, want, host_keys, tp=tp, pp=opts.pp, image=inner,

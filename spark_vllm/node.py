@@ -10,7 +10,7 @@ from pulumi_command import remote
 
 from . import commands, preflight_commands
 from .liveness import ContainerLiveness
-from .spec import ClusterSpec, NodeSpec
+from .spec import SSH_DIALS, ClusterSpec, NodeSpec
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class SparkNode(pulumi.ComponentResource):
             private_key=pulumi.Output.secret(args.ssh_private_key),
             host_key=node.host_key,
             # a rebooting Spark takes a while to answer; fail in ~1 min, not pulumi's default
-            dial_error_limit=4, per_dial_timeout=15,
+            dial_error_limit=SSH_DIALS, per_dial_timeout=spec.ssh_dial_timeout,
         )
         self.preflight = node_command(
             f"{name}-preflight", self, self,

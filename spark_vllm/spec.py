@@ -139,6 +139,10 @@ class NodeSpec(_Strict):
 
 # Bounds the Ray head's start, each worker's join and the gate; a join takes ~2 s on the lab.
 DEFAULT_RAY_TIMEOUT_S = 60
+# One SSH dial's bound, and how many dials fail a command (node.py): ~1 min for a node that
+# does not answer, not TCP's minutes nor pulumi-command's default of 10 dials.
+DEFAULT_SSH_DIAL_TIMEOUT_S = 15
+SSH_DIALS = 4
 
 
 class _Settings(_Strict):
@@ -175,6 +179,9 @@ class _Settings(_Strict):
     docker_gpus: str = Field("all", pattern=r"^[^\s]+$")
     check_gpu: bool = True
     ray_timeout: int = Field(DEFAULT_RAY_TIMEOUT_S, ge=5, le=3600)  # head start, worker join, gate
+    # each SSH dial's bound (pulumi-command's perDialTimeout; 4 dials): a rebooting Spark takes
+    # a while to answer, so ~1 min by default; a lab or a test sets it low
+    ssh_dial_timeout: int = Field(DEFAULT_SSH_DIAL_TIMEOUT_S, ge=1, le=300)
     vllm_timeout: int = Field(1800, ge=10, le=86400)  # model load of 122B FP8 takes minutes
     smoke_test: bool = True
     # liveness (refresh, status): the canary's bound for its first token, and how long vLLM's

@@ -14,6 +14,7 @@ from tests.integration.engine import Lab
 pytestmark = pytest.mark.integration
 
 API_KEY = "sk-itest-" + secrets.token_hex(8)
+TEST_DIAL_TIMEOUT_S = 3
 
 
 def _teardown(lab: Lab | None) -> None:
@@ -35,12 +36,18 @@ def lab_removed_at_the_end() -> Iterator[None]:
 
 def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20,
               sim_vllm_version: str = config.SIM_VLLM_VERSION) -> Lab:
+    """The lab, with the tests' bounds: a small model (config.TEST_MODEL_BYTES), SSH dials of
+    3 s (a cut node is named in ~15 s, not ~1 min), and vllm-sim's pretend load and compile
+    short (Lab.TEST_ENV, kept under every `env` a test sets)."""
     cluster.up(cluster.UpOptions(nodes=nodes, tp=tp, pp=pp, quiet=True,
-                                 sim_vllm_version=sim_vllm_version))
+                                 sim_vllm_version=sim_vllm_version,
+                                 model_bytes=config.TEST_MODEL_BYTES))
     lab = Lab()
     lab.set_secrets(API_KEY)
     lab.set("rayTimeout", ray_timeout)
     lab.set("vllmTimeout", 120)
+    lab.set("sshDialTimeout", TEST_DIAL_TIMEOUT_S)
+    lab.set("env", lab.get("env"))  # with Lab.TEST_ENV under it
     return lab
 
 

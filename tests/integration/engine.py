@@ -18,6 +18,9 @@ from lab import cluster, envsh, keys
 REPO = Path(__file__).resolve().parents[2]
 STACK = "lab"
 LOG_DIR = REPO / ".lab" / "logs"
+# vllm-sim's pretend weight load (3 s) and torch.compile (2 s) shortened for the tests: ~50
+# vLLM starts a run. Kept under every `env` a test sets (Lab.set); a test may override them.
+TEST_ENV = {"VLLM_SIM_LOAD_SECONDS": "1", "VLLM_SIM_COMPILE_S": "0.5"}
 
 
 def engine_env() -> dict[str, str]:
@@ -90,6 +93,8 @@ class Lab:
         self.stack.set_config("spark-vllm:apiKey", auto.ConfigValue(api_key, secret=True))
 
     def set(self, key: str, value: Any, path: bool = False) -> None:
+        if key == "env" and isinstance(value, dict):
+            value = {**TEST_ENV, **value}
         text = value if isinstance(value, str) else json.dumps(value)
         self.stack.set_config(f"spark-vllm:{key}", auto.ConfigValue(text), path=path)
 
@@ -227,3 +232,35 @@ def chat(endpoint: str, model: str, api_key: str, text: str = "hello") -> str:
         "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)["choices"][0]["message"]["content"]
+
+
+def read_until(proc: subprocess.Popen[str], stop: Any, deadline_s: float) -> list[str]:
+    """Lines of `proc`'s stdout until `stop(line)` is true, within `deadline_s`: a reader that
+    cannot hang the suite (the watcher under test may never print what a test waits for). On
+    the deadline, the process is killed and the test fails with what it printed."""
+    import queue
+    import threading
+
+    lines: list[str] = []
+    q: queue.Queue[str | None] = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            q.put(line)
+        q.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            line = q.get(timeout=max(0.0, end - time.monotonic()))
+        except queue.Empty:
+            proc.kill()
+            raise AssertionError(f"no end within {deadline_s:.0f} s; it printed:\n"
+                                 + "".join(lines)[-3000:]) from None
+        if line is None:
+            return lines
+        lines.append(line)
+        if stop(line):
+            return lines

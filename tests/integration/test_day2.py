@@ -16,7 +16,15 @@ from collections.abc import Callable
 import pytest
 
 from lab import cluster
-from tests.integration.engine import REPO, STACK, Lab, containers, engine_env, node_sh
+from tests.integration.engine import (
+    REPO,
+    STACK,
+    Lab,
+    containers,
+    engine_env,
+    node_sh,
+    read_until,
+)
 from tests.integration.test_lifecycle import assert_serving, lab_identities, ok
 
 pytestmark = pytest.mark.integration
@@ -157,12 +165,8 @@ def test_a_node_switched_off_is_named_and_the_watcher_repairs_once_it_is_back(
          "--interval", "2", "--max-repairs", "2"], stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **engine_env()})
     try:
-        lines = []
-        assert watcher.stdout is not None
-        for line in watcher.stdout:
-            lines.append(line)
-            if "repaired: serving again" in line or "stopping:" in line:
-                break
+        lines = read_until(watcher, lambda ln: "repaired: serving again" in ln
+                           or "stopping:" in ln, deadline_s=300)
         assert any("repaired: serving again" in ln for ln in lines), "".join(lines)[-3000:]
     finally:
         watcher.terminate()

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 from pulumi import automation as auto
 
-from lab import cluster, keys, model
-from tests.integration.conftest import API_KEY
+from lab import cluster, config, keys, model
+from spark_vllm.spec import SSH_DIALS
+from tests.integration.conftest import API_KEY, TEST_DIAL_TIMEOUT_S
 from tests.integration.engine import (
     REPO,
     STACK,
@@ -85,7 +86,8 @@ def lab(lab2: Lab) -> Iterator[Lab]:
         lab2.set(f"nodes[{i}].user", USER, path=True)
     lab2.set("hfCache", f"/home/{USER}/.cache/huggingface")
     # the model where aurora keeps it (the lab made it under /root for the root stacks)
-    model.ensure(cluster.info().nodes[0], hf_home=f"/home/{USER}/.cache/huggingface", owner=USER)
+    model.ensure(cluster.info().nodes[0], size=config.TEST_MODEL_BYTES,
+                 hf_home=f"/home/{USER}/.cache/huggingface", owner=USER)
     lab2.stack.set_config("spark-vllm:hfToken", auto.ConfigValue(HF_TOKEN, secret=True))
     yield lab2
     lab2.stack.remove_config("spark-vllm:hfToken")  # `lab up` keeps secrets for later modules
@@ -264,7 +266,8 @@ def test_4_a_node_cut_off_mid_up_is_named_within_the_dial_bound(lab: Lab) -> Non
     text = log.read_text()
     assert rc != 0
     assert f"dial tcp {node2.mgmt_ip}:22" in text and "ray-worker-node-2" in text, text[-3000:]
-    assert took < 75, took  # 4 dials of at most 15 s (node.py), not TCP's minutes
+    # 4 dials of at most sshDialTimeout (3 s in the tests; node.py), not TCP's minutes
+    assert took < SSH_DIALS * TEST_DIAL_TIMEOUT_S + 15, took
     # the node is back (stopped containers, as after a power cut): one up converges
     run = run_ok(lab.up(refresh=True))
     assert run.error is None
@@ -315,7 +318,7 @@ def test_6_a_node_gone_for_good_is_named_and_the_rest_torn_down(lab: Lab) -> Non
         failed = lab.destroy()
         assert failed.error is not None
         assert "ray-worker-node-2" in failed.error and f"{node2.mgmt_ip}:22" in failed.error
-        assert failed.seconds < 75
+        assert failed.seconds < SSH_DIALS * TEST_DIAL_TIMEOUT_S + 20, failed.seconds
         tear = subprocess.run([sys.executable, "-m", "spark_vllm.teardown", "--stack", STACK,
                                "--node-gone", "node-2"], capture_output=True, text=True,
                               cwd=REPO, env={**os.environ, **engine_env()}, timeout=300)

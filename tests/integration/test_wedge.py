@@ -20,7 +20,16 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.integration.conftest import API_KEY, _teardown, start_lab
-from tests.integration.engine import REPO, STACK, Lab, Run, containers, engine_env, node_sh
+from tests.integration.engine import (
+    REPO,
+    STACK,
+    Lab,
+    Run,
+    containers,
+    engine_env,
+    node_sh,
+    read_until,
+)
 from tests.integration.test_day2 import HEAD, VLLM, WORKER, by_role, by_role_loose, status
 from tests.integration.test_lifecycle import assert_serving, lab_identities, ok
 
@@ -90,17 +99,18 @@ def test_1_a_long_queue_on_a_healthy_vllm_is_busy_and_not_replaced(lab: Lab) -> 
     before = by_role()
     base = endpoint(lab)
     with ThreadPoolExecutor(6) as pool:
-        # 6 requests of 2000 tokens against 2 slots: ~3 s each in vllm-sim, 3 rounds
-        flood = [pool.submit(long_request, base, 2000) for _ in range(6)]
+        # 6 requests of 4000 tokens against 2 slots: ~6 s each in vllm-sim, 3 rounds (~18 s):
+        # the canary of the status below waits in the queue while tokens flow
+        flood = [pool.submit(long_request, base, 4000) for _ in range(6)]
         time.sleep(1.0)
-        run = ok(lab.preview(refresh=True))
         code, report = status()
+        run = ok(lab.preview(refresh=True))
         answered = [f.result() for f in flood]
     assert answered == [200] * 6
+    assert report["vllm"]["state"] == "busy", report  # not "serving": the queue was seen
+    assert code == 0 and report["serving"], report
     # nothing to replace: busy is running
     assert refreshed_away(run) == set() and planned(run) == set(), run.changed()
-    assert report["vllm"]["state"] in ("busy", "serving"), report
-    assert code == 0 and report["serving"], report
     assert by_role() == before
 
 
@@ -192,18 +202,18 @@ def test_5_the_watcher_stops_after_max_repairs_in_its_window_and_says_why(lab: L
          "--interval", "1", "--max-repairs", "1", "--repair-window", "600"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
         env={**os.environ, **engine_env()})
-    lines: list[str] = []
+    killed_again = []
+
+    def on_line(line: str) -> bool:
+        if "repaired: serving again" in line and not killed_again:
+            node_sh("node-1", f"docker kill spark-vllm-{STACK}-vllm")
+            killed_again.append(True)
+        return "stopping:" in line
+
     try:
-        assert watcher.stdout is not None
         node_sh("node-1", f"docker kill spark-vllm-{STACK}-vllm")
-        killed_again = False
-        for line in watcher.stdout:
-            lines.append(line)
-            if "repaired: serving again" in line and not killed_again:
-                node_sh("node-1", f"docker kill spark-vllm-{STACK}-vllm")
-                killed_again = True
-            if "stopping:" in line:
-                break
+        # a repair (~20 s), a second death, its failed repair: minutes at most
+        lines = read_until(watcher, on_line, deadline_s=300)
         assert watcher.wait(timeout=60) == 3  # stopped for a person
     finally:
         if watcher.poll() is None:
