@@ -54,6 +54,8 @@ def observe(props: dict[str, Any]) -> str:
     if proc.returncode != 0:
         raise RuntimeError(f"{props['node']}: cannot inspect {props['container']}: "
                            f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+    # "running" covers serving, busy and unknown: a check that could not tell busy from wedged
+    # (vllm_liveness.py COUNTED_AS_SERVING) or gave no verdict (inspect_script) replaces nothing
     return proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else "gone"
 
 

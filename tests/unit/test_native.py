@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -148,7 +150,10 @@ def test_rank_0_counts_a_node_joined_by_its_connection_to_the_master_port(
         0, "seen: node-2 (192.168.231.12) node-3 (192.168.231.13) missing:")
 
 
-def _reach(master: str, port: int) -> tuple[subprocess.CompletedProcess[str], float]:
+def _reach(master: str, port: int,
+           shell: str = "sh") -> tuple[subprocess.CompletedProcess[str], float]:
+    """The headless node's reach check, rendered for a master on loopback: its route check is
+    satisfied (over lo, from 127.0.0.1), so what runs is the TCP connect to `port`."""
     nodes = lab_nodes(2)
     nodes[0]["fabricIp"] = master
     nodes[1].update(fabricIp="127.0.0.1", fabricInterface="lo")  # lo's source address
@@ -156,8 +161,31 @@ def _reach(master: str, port: int) -> tuple[subprocess.CompletedProcess[str], fl
     script = "\n".join(["fail() { echo \"FAILED: $*\"; exit 1; }",
                         *native._reach_lines(spec, spec.nodes[1]), "echo reached"])
     t0 = time.monotonic()
-    proc = subprocess.run(["sh", "-c", script], capture_output=True, text=True, timeout=30)
+    # a check without its own bound would hang for the kernel's SYN retries (about 2 min)
+    proc = subprocess.run([shell, "-c", script], capture_output=True, text=True,
+                          timeout=native.REACH_TIMEOUT_S + 10)
     return proc, time.monotonic() - t0
+
+
+@contextlib.contextmanager
+def _unanswered_port(host: str) -> Iterator[int]:
+    """A port whose SYNs get no answer, as on a blackholed link, with no root: a listener that
+    never accepts, its accept queue filled (Linux drops a SYN to a listener whose queue is
+    full). Filled until a connect gets no answer within 0.5 s: then the next one gets none."""
+    with socket.socket() as srv, contextlib.ExitStack() as fillers:
+        srv.bind((host, 0))
+        srv.listen(0)
+        port = srv.getsockname()[1]
+        for _ in range(16):
+            conn = fillers.enter_context(socket.socket())
+            conn.settimeout(0.5)
+            try:
+                conn.connect((host, port))
+            except TimeoutError:
+                break
+        else:
+            pytest.fail(f"{host}:{port} kept accepting: its SYNs cannot be made unanswered")
+        yield port
 
 
 def test_a_headless_node_reaches_rank_0_when_it_refuses_or_accepts() -> None:
@@ -185,9 +213,25 @@ def test_a_headless_node_whose_route_leaves_from_another_address_is_named() -> N
             "127.0.0.2") in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_a_headless_node_that_cannot_reach_rank_0_is_named_in_seconds() -> None:
-    # TEST-NET-1 (RFC 5737): not over lo, so the route check names the wrong link first
+def test_a_headless_node_whose_route_to_rank_0_is_another_link_is_named() -> None:
+    # TEST-NET-1 (RFC 5737): not over lo, so the route check names the wrong link, before any
+    # connection is tried (the no-answer branch: the next test)
     proc, took = _reach("192.0.2.1", 29501)
-    assert proc.returncode == 1 and took < native.REACH_TIMEOUT_S + 3
+    assert proc.returncode == 1 and took < native.REACH_TIMEOUT_S
     assert "FAILED: node-2 reaches rank 0 (node-1, 192.0.2.1:29501) over" in proc.stdout
     assert "not its fabricInterface lo" in proc.stdout
+
+
+@pytest.mark.parametrize("shell", ["sh", "bash"])  # the tests' dash, and a node's login shell
+def test_a_headless_node_whose_connect_gets_no_answer_is_named_after_the_bound(
+        shell: str) -> None:
+    """The route check passes and rank 0's node never answers the SYN: named after
+    REACH_TIMEOUT_S, not after torch's rendezvous timeout (minutes)."""
+    with _unanswered_port("127.0.0.2") as port:
+        proc, took = _reach("127.0.0.2", port, shell)
+    assert (proc.returncode, proc.stdout.strip()) == (1, (
+        f"FAILED: cannot reach rank 0 (node-1) at 127.0.0.2:{port} from 127.0.0.1: no answer "
+        f"within {native.REACH_TIMEOUT_S} s: check the fabric link, routes and firewall "
+        "between the two")), proc.stderr
+    # it waited for the bound, and no longer: a larger or missing bound fails here
+    assert native.REACH_TIMEOUT_S <= took < native.REACH_TIMEOUT_S + 3, took
