@@ -37,7 +37,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     assert 'glob("Pulumi.*.yaml")' in workflow and "venv/bin/spark-vllm summary" in workflow
     subprocess.run(["pulumi", "stack", "init", "site-a"], cwd=proj, env=env, check=True,
                    capture_output=True, timeout=60)
-    example = (REPO_DIR / "docs" / "examples" / "Pulumi.spark-duo.yaml").read_text()
+    example = (REPO_DIR / "stacks" / "Pulumi.spark-duo.yaml").read_text()
     with (proj / "Pulumi.site-a.yaml").open("a") as f:
         f.write(example)
     return proj, env

@@ -213,7 +213,7 @@ def stack_config(path: Path) -> tuple[dict[str, Any], frozenset[str]]:
 
 
 def test_spark_duo_example_is_valid_and_matches_the_outage_layout() -> None:
-    raw, secrets = stack_config(ROOT / "docs" / "examples" / "Pulumi.spark-duo.yaml")
+    raw, secrets = stack_config(ROOT / "stacks" / "Pulumi.spark-duo.yaml")
     spec = parse_spec(raw, "spark-duo", secrets | {"sshPrivateKey"})
     assert spec.head.host == "10.1.230.180"
     assert [n.identity_ip for n in spec.nodes] == ["192.168.200.12", "192.168.200.13"]
