@@ -13,6 +13,13 @@ and its safetensors headers (never the data) and redoes vLLM 0.26.0's own arithm
   workspaces, plus the CUDA-graph estimate the V1 model runner subtracts), `NON_TORCH_*` below,
   from real vLLM 0.26.0 on one H200 at TP 1 (tests/fixtures/real-vllm/vllm-0.26.0.json).
   Not measured: what TP > 1 adds (NCCL and custom all-reduce buffers): `extra_overhead_bytes`.
+
+The total every budget is computed from is CUDA's (cudaMemGetInfo, vllm/utils/mem_utils.py
+MemorySnapshot), not nvidia-smi's: node_memory.py reads it on the node.
+
+Config keys are read as both transformers 4.x and 5.x write them (`CONFIG_ALIASES`); a model
+whose architecture the arithmetic does not cover is refused by name (`UnsupportedModelError`) rather
+than estimated as something it is not.
 """
 
 from __future__ import annotations
@@ -35,13 +42,15 @@ KERNEL_BLOCK_ALIGNMENT = 16  # vllm/v1/attention/backends/flash_attn.py: [Multip
 VOCAB_PADDING = 64  # vllm/model_executor/layers/vocab_parallel_embedding.py DEFAULT_VOCAB_PADDING_SIZE
 # vllm/engine/arg_utils.py get_batch_defaults: GPUs of >= 70 GiB (H100/H200), `vllm serve`
 DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS = 8192, 1024
-# measured on real vLLM 0.26.0, one H200, TP 1: requested - "Available KV cache memory" minus our
-# weights and activation estimate. V2 model runner (dense models; vllm/config/vllm.py
+# measured on real vLLM 0.26.0, one H200, TP 1: requested (from CUDA's total, 143156 MiB) -
+# "Available KV cache memory" minus our weights and activation estimate, on the 11 recordings of
+# tests/unit/test_memory_estimate.py RECORDED (the fitting set; 0.3 GiB less than the constants
+# fitted against nvidia-smi's total at utilization 0.5, which they had absorbed). V2 model runner (dense models; vllm/config/vllm.py
 # use_v2_model_runner) has no CUDA-graph estimate (vllm/v1/worker/gpu/model_runner.py
 # profile_cudagraph_memory returns 0); the V1 runner (MoE, hybrid) subtracts one
 # (vllm/v1/worker/gpu_worker.py determine_available_memory); gated delta-net adds its kernels.
-NON_TORCH_V2 = int(0.600 * GiB)
-NON_TORCH_V1 = int(0.751 * GiB)
+NON_TORCH_V2 = int(0.300 * GiB)
+NON_TORCH_V1 = int(0.451 * GiB)
 NON_TORCH_GDN_EXTRA = int(0.220 * GiB)
 # vllm/config/vllm.py DEFAULT_V2_MODEL_RUNNER_ARCHITECTURES: MoE models that still run on V2
 V2_MOE_ARCHITECTURES = frozenset({"DeepseekV2ForCausalLM", "GraniteMoeForCausalLM",
@@ -52,6 +61,86 @@ EMBED_ON_EVERY_STAGE = frozenset({"Qwen3MoeForCausalLM", "Qwen3NextForCausalLM",
                                   "Qwen3_5ForConditionalGeneration",
                                   "Qwen3_5MoeForConditionalGeneration"})
 LM_HEAD_ON_EVERY_STAGE = frozenset({"Qwen3MoeForCausalLM", "Qwen3NextForCausalLM"})
+# the architectures whose vLLM classes this arithmetic follows (their layers, TP splits, KV
+# specs and runner); another one is refused, naming it
+SUPPORTED_ARCHITECTURES = frozenset({
+    "Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM",
+    "Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration", "LlamaForCausalLM", "MistralForCausalLM"})
+# one meaning, several spellings: transformers 5.x writes Qwen3-MoE's expert count as
+# num_local_experts (and keeps num_experts only as an attribute alias); vLLM reads either
+CONFIG_ALIASES = {"num_experts": ("num_experts", "num_local_experts", "n_routed_experts")}
+# bytes per logit element of the dummy sampler run over min(max_num_seqs, tokens) rows: the V1
+# runner (vllm/v1/worker/gpu_model_runner.py _dummy_sampler_run, v1/sample/ops/
+# topk_topp_sampler.py) samples with top-k and top-p, five [rows, vocab] tensors live at once:
+# bf16 logits (2), their float32 copy (4), probabilities (4), exponential noise (4) and the
+# quotient argmax reads (4) = 18 B (17.7 measured on the seeds' class, 248320 vocab); the
+# V2 runner (vllm/v1/worker/gpu/model_runner.py _dummy_sampler_run) skips top-k, top-p and
+# logprobs ("may ... using less GPU memory"): about the float32 logits alone
+SAMPLER_BYTES_V1, SAMPLER_BYTES_V2 = 18, 4
+
+
+class UnsupportedModelError(ValueError):
+    """The model's config names something the arithmetic cannot account for."""
+
+
+def config_value(text: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    """`key` under any of its spellings (CONFIG_ALIASES)."""
+    for k in CONFIG_ALIASES.get(key, (key,)):
+        if text.get(k) is not None:
+            return text[k]
+    return default
+
+
+def check_supported(model: ModelFiles) -> None:
+    """Refuse, naming it, what the estimate cannot account for."""
+    archs = model.config.get("architectures") or []
+    if len(archs) != 1 or archs[0] not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"config.json architectures {archs}: the memory estimate covers "
+            f"{', '.join(sorted(SUPPORTED_ARCHITECTURES))}")
+    text = model.text
+    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size"):
+        if not isinstance(text.get(key), int):
+            raise UnsupportedModelError(f"config.json has no integer {key!r} ({archs[0]})")
+    moe = "Moe" in archs[0] or "Qwen3Next" in archs[0] or "Qwen3_5Moe" in archs[0]
+    if moe and not config_value(text, "num_experts"):
+        raise UnsupportedModelError(
+            f"config.json of {archs[0]} has no expert count (num_experts or num_local_experts)")
+    if moe and not text.get("moe_intermediate_size"):
+        raise UnsupportedModelError(f"config.json of {archs[0]} has no 'moe_intermediate_size'")
+    if not moe and not text.get("intermediate_size"):
+        raise UnsupportedModelError(f"config.json of {archs[0]} has no 'intermediate_size'")
+    rope = rope_parameters(text)
+    if str(rope.get("rope_type") or rope.get("type") or "default") not in ("default", "mrope"):
+        raise UnsupportedModelError(
+            f"config.json rope_type {rope.get('rope_type') or rope.get('type')!r}: its rotary "
+            f"cache is not sized here (only 'default' and mrope)")
+
+
+def rope_parameters(text: Mapping[str, Any]) -> dict[str, Any]:
+    """transformers 5.x rope_parameters, or 4.x rope_scaling + rope_theta +
+    partial_rotary_factor at the top (vLLM's patch_rope_parameters merges them the same way)."""
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    if "partial_rotary_factor" not in rope and text.get("partial_rotary_factor"):
+        rope["partial_rotary_factor"] = text["partial_rotary_factor"]
+    return rope
+
+
+def rotary_cache_bytes(text: Mapping[str, Any]) -> int:
+    """The cos/sin cache every attention layer shares (vllm/model_executor/layers/
+    rotary_embedding/base.py: [max_position, rotary_dim] in the model dtype, one per distinct
+    shape through get_rope's _ROPE_DICT; mrope.py makes it 4 x max_position long). It is a
+    buffer of the model, so vLLM counts it in "Model loading took" (the weights)."""
+    rope = rope_parameters(text)
+    heads = int(text["num_attention_heads"])
+    head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+    rotary_dim = int(rope.get("rope_dim") or head_dim * float(rope.get("partial_rotary_factor",
+                                                                       1.0)))
+    positions = int(text.get("max_position_embeddings") or 0)
+    if rope.get("mrope_section"):
+        positions *= 4
+    return positions * rotary_dim * MODEL_DTYPE_BYTES
 
 
 def cdiv(a: int, b: int) -> int:
@@ -177,13 +266,15 @@ def _stages_of(name: str, stage_of_layer: list[int], arch: str, tied: bool, pp: 
 
 
 def weights_per_stage(model: ModelFiles, tp: int = 1, pp: int = 1) -> list[int]:
-    """Weight bytes of one rank of each PP stage (every TP rank of a stage holds the same)."""
+    """Weight bytes of one rank of each PP stage (every TP rank of a stage holds the same), the
+    rotary cache included (a model buffer vLLM's "Model loading took" counts)."""
     text = model.text
     arch = (model.config.get("architectures") or [""])[0]
     tied = bool(text.get("tie_word_embeddings", False))
     ranges = pp_layer_ranges(int(text["num_hidden_layers"]), pp)
     stage_of_layer = [s for s, (a, b) in enumerate(ranges) for _ in range(a, b)]
-    out = [0] * pp
+    out = [rotary_cache_bytes(text) if "attention" in layer_kinds(text)[a:b] else 0
+           for a, b in ranges]  # the rotary cache, on every stage with attention layers
     for name, (dtype, shape, nbytes) in model.tensors.items():
         for s in _stages_of(name, stage_of_layer, arch, tied, pp):
             out[s] += _rank_bytes(name, dtype, shape, nbytes, text, tp)
@@ -277,21 +368,24 @@ class Estimate:
         return self.weights[stage] + self.activation[stage] + self.non_torch
 
 
-def _activation(text: Mapping[str, Any], tp: int, last: bool, tokens: int, seqs: int) -> int:
+def _activation(text: Mapping[str, Any], tp: int, last: bool, tokens: int, seqs: int,
+                v1: bool = True) -> int:
     """Estimated torch peak of profile_run (vllm/v1/worker/gpu_model_runner.py, gpu/
     model_runner.py): a forward of max_num_batched_tokens tokens with attention skipped (about
     4 hidden-wide and 4 MLP-wide tensors live at the MLP: residual, input, gate_up output,
     activation), and on the last stage the dummy sampler over min(max_num_seqs, tokens) rows of
     full-vocab logits, all-gathered to every TP rank (vllm/model_executor/layers/
-    logits_processor.py), in fp32 with probabilities, sort values and indices: ~16 bytes each."""
+    logits_processor.py): SAMPLER_BYTES_V1 or _V2 a logit, by the model runner."""
     hidden = int(text["hidden_size"])
-    if text.get("num_experts"):
+    if config_value(text, "num_experts"):
         mlp = (int(text.get("num_experts_per_tok", 1)) * int(text["moe_intermediate_size"])
                + int(text.get("shared_expert_intermediate_size") or 0)) // tp
     else:
         mlp = int(text["intermediate_size"]) // tp
     forward = tokens * MODEL_DTYPE_BYTES * (4 * hidden + 4 * mlp)
-    sampler = tokens * MODEL_DTYPE_BYTES * hidden + min(seqs, tokens) * int(text["vocab_size"]) * 16
+    per_logit = SAMPLER_BYTES_V1 if v1 else SAMPLER_BYTES_V2
+    sampler = (tokens * MODEL_DTYPE_BYTES * hidden
+               + min(seqs, tokens) * int(text["vocab_size"]) * per_logit)
     return max(forward, sampler) if last else forward
 
 
@@ -301,6 +395,7 @@ def estimate(model: ModelFiles, tp: int = 1, pp: int = 1, *, max_model_len: int 
              mamba_ssm_cache_dtype: str = "auto", extra_overhead_bytes: int = 0) -> Estimate:
     """vLLM's arithmetic for `--tensor-parallel-size tp --pipeline-parallel-size pp` with the
     other flags as named (None: vLLM's default)."""
+    check_supported(model)
     text = model.text
     kinds = layer_kinds(text)
     cap = int(text.get("max_position_embeddings") or 1 << 20)
@@ -319,7 +414,7 @@ def estimate(model: ModelFiles, tp: int = 1, pp: int = 1, *, max_model_len: int 
         block = max(block, align * cdiv(state, align * attn_token))
     stages = pp_layer_ranges(len(kinds), pp)
     hybrid = state > 0
-    moe = bool(text.get("num_experts"))
+    moe = bool(config_value(text, "num_experts"))
     arch = (model.config.get("architectures") or [""])[0]
     v1 = hybrid or (moe and arch not in V2_MOE_ARCHITECTURES)
     non_torch = (NON_TORCH_V1 if v1 else NON_TORCH_V2) + (NON_TORCH_GDN_EXTRA if hybrid else 0)
@@ -328,7 +423,8 @@ def estimate(model: ModelFiles, tp: int = 1, pp: int = 1, *, max_model_len: int 
         attn_token_bytes=attn_token, linear_state_bytes=state,
         groups=tuple(kv_groups(kinds)), stages=tuple(stages),
         weights=tuple(weights_per_stage(model, tp, pp)),
-        activation=tuple(_activation(text, tp, s == pp - 1, tokens, seqs) for s in range(pp)),
+        activation=tuple(_activation(text, tp, s == pp - 1, tokens, seqs, v1)
+                         for s in range(pp)),
         non_torch=non_torch + extra_overhead_bytes, max_len_cap=cap,
         len_step=block_size or DEFAULT_BLOCK_SIZE)
 
@@ -388,16 +484,29 @@ class Fit:
     kv_needed: int
     kv_available: int
     left: int  # kv_available - kv_needed
-    max_model_len: int  # the largest multiple of --block-size (16) that fits (0: none)
+    max_model_len: int  # the largest multiple of --block-size (16) that fits, the null block
+    # left over (0: none)
     tokens: int  # vLLM's "GPU KV cache size"
 
 
+def null_block_bytes(est: Estimate, stage: int = 0) -> int:
+    """The block vLLM's BlockPool keeps back as the null block (vllm/v1/core/block_pool.py:
+    block 0 of every group's pool is never handed out), which its own fit forgets:
+    _check_enough_kv_cache_memory and the --max-model-len auto fit compare one request's KV with
+    ALL the blocks, so at the length they choose a request of exactly that length can wait
+    forever for one block more (known upstream: vllm-metal PR #511)."""
+    return est.page_bytes * est.group_size(stage)
+
+
 def max_len_that_fits(est: Estimate, available: list[int]) -> int:
+    """The longest --max-model-len (a multiple of --block-size) whose one request fits with the
+    null block left over (null_block_bytes): the headroom vLLM's own fit lacks."""
     step = est.len_step
     lo, hi = 0, est.max_len_cap // step
     while lo < hi:  # kv_needed grows with the length: binary search over multiples of a block
         mid = (lo + hi + 1) // 2
-        if all(kv_needed(est, mid * step, s) <= a for s, a in enumerate(available)):
+        if all(kv_needed(est, mid * step, s) + null_block_bytes(est, s) <= a
+               for s, a in enumerate(available)):
             lo = mid
         else:
             hi = mid - 1

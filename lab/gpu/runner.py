@@ -9,7 +9,8 @@ OUT/observations-<version>.json; tests/vllm_sim/test_real_vllm_fidelity.py plays
 vllm-sim. The same runner runs on the CPU against vllm-sim (tests/gpu_tier), so a runner bug
 never costs GPU time.
 
-    python3 lab/gpu/runner.py --out DIR --part serve|restart|all [--site DIR] [--hf DIR]
+    python3 lab/gpu/runner.py --out DIR --part serve|restart|load|cache|memory|qwen35|heldout|all
+        [--site DIR] [--hf DIR]
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from spark_vllm import commands, staging_commands  # noqa: E402
+from spark_vllm import commands, node_memory, staging_commands  # noqa: E402
 from spark_vllm import spec as specmod  # noqa: E402
 from spark_vllm.backends import ray as ray_backend  # noqa: E402
 
@@ -57,6 +58,10 @@ LOG_MARKS = ("Available KV cache memory", "GPU KV cache size", "torch.compile ta
              "engine core exited", "Model loading took", "Graph capturing finished",
              "Application startup complete", "Shutting down", "non_carry_over",
              "Error", "error:")
+# and for the sized models' starts (vllm_up_logged) only: the earlier parts' logs stay as recorded
+SIZED_LOG_MARKS = (*LOG_MARKS, "Encoder cache will be", "GDN prefill kernel",
+                   "Maximum concurrency", "maximum model length", "max_model_len",
+                   "CUDA graph memory profiling", "Traceback", "Exception")
 ROUTES = [("GET", "/health"), ("GET", "/ping"), ("GET", "/v1/models"), ("GET", "/metrics"),
           ("GET", "/version"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"),
           ("POST", "/v1/completions"), ("POST", "/tokenize")]
@@ -472,6 +477,85 @@ class Tier:
         return {"args": list(args), "rc": r["rc"], "seconds": r["seconds"],
                 "log": self.container_log(m, commands.VLLM)}
 
+    def vllm_up_logged(self, spec: specmod.ClusterSpec) -> dict:
+        """vllm_up, with vLLM's marked log lines read every 2 s while it starts: a start that
+        fails is removed by the program's script, and its log with it."""
+        name = commands.container_name(spec, commands.VLLM)
+        seen: list[str] = []
+        done = threading.Event()
+
+        def watch() -> None:
+            while not done.wait(2):
+                lines = self.docker("logs", name).stdout.splitlines()
+                if lines:
+                    seen[:] = lines
+        t = threading.Thread(target=watch, daemon=True)
+        t.start()
+        r = self.vllm_up(spec)
+        done.set()
+        t.join(5)
+        log = self.docker("logs", name).stdout.splitlines() or seen
+        return {**r, "log": [ln[:600] for ln in log
+                             if any(m in ln for m in SIZED_LOG_MARKS)][-80:]}
+
+    def sized(self, model: str, args: tuple[str, ...]) -> dict:
+        """One start of a sized model with its own memory lines (the held-out recordings)."""
+        self.remove(self.spec(), commands.VLLM)
+        m = self.spec(model=model, vllm_args=args, vllm_timeout=300, env=SIZED_ENV)
+        r = self.vllm_up_logged(m)
+        return {"model": model, "args": list(args), "rc": r["rc"], "seconds": r["seconds"],
+                "log": r["log"], "stderr_tail": r["stderr"][-12:]}
+
+    def gpu_memory_facts(self) -> dict:
+        """What each reader says the GPU's memory is: nvidia-smi (total, reserved, free),
+        CUDA's cuDeviceTotalMem and cudaMemGetInfo (torch), and the program's node script."""
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.reserved,"
+                              "memory.used,memory.free", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True)
+        code = ("import torch, json; f, t = torch.cuda.mem_get_info(); "
+                "p = torch.cuda.get_device_properties(0); "
+                "print(json.dumps({'free': f, 'total': t, 'props_total': p.total_memory, "
+                "'integrated': bool(p.is_integrated)}))")
+        torch_info = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        node = self.sh(node_memory.SCRIPT)
+        return {"nvidia_smi": smi.stdout.strip() or smi.stderr.strip()[-300:],
+                "torch": torch_info.stdout.strip() or torch_info.stderr.strip()[-500:],
+                "node_script": node["stdout"], "node_script_rc": node["rc"],
+                "node_script_stderr": node["stderr"][-5:]}
+
+    def qwen35_part(self, fitted: bool = True) -> None:
+        """The seeds' class (Qwen3_5MoeForConditionalGeneration, block FP8) served as an
+        operator would, then the memory lines of sized models: the FITTED set."""
+        s = self.spec(model="spark-vllm/qwen35-fp8", vllm_args=QWEN35_ARGS + (
+            "--max-model-len", "32768", "--gpu-memory-utilization", "0.5"), vllm_timeout=360,
+            env=SIZED_ENV)
+        served = s.served_name
+        self.record("gpu_memory", self.gpu_memory_facts)
+        self.record("head_start", lambda: self.head_up(s))
+        self.record("stage", lambda: self.stage(s))
+        self.record("qwen35_serve", lambda: {**self.vllm_up_logged(s), "args": list(s.vllm_args)})
+        self.record("qwen35_liveness", lambda: self.liveness(s))
+        self.record("qwen35_probe", lambda: {m: self.probe(s, *a) for m, a in {
+            "ready": ("ready",), "smoke": ("smoke",)}.items()})
+        self.record("qwen35_reasoning", lambda: self.chat(served))
+        self.record("qwen35_reasoning_off", lambda: self.chat(
+            served, {"chat_template_kwargs": {"enable_thinking": False}}))
+        self.record("qwen35_tool_call", lambda: self.tool_calls(served))
+        for name, (model, args) in (FITTED if fitted else HELD_OUT).items():
+            self.record(name, lambda model=model, args=args: self.sized(model, args))
+        self.record("cleanup_qwen35", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
+                                                                             commands.HEAD)})
+
+    def heldout_part(self) -> None:
+        """Sized models' memory lines at configurations the estimator was not fitted on,
+        recorded in a call of their own: the HELD-OUT set."""
+        s = self.spec()
+        self.record("head_start", lambda: self.head_up(s))
+        for name, (model, args) in HELD_OUT.items():
+            self.record(name, lambda model=model, args=args: self.sized(model, args))
+        self.record("cleanup_heldout", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
+                                                                              commands.HEAD)})
+
     def load_part(self) -> None:
         """A rank frozen with requests in flight, and vLLM's memory lines for the MoE and the
         hybrid (Qwen3-Next) models."""
@@ -710,6 +794,50 @@ class Tier:
         return r
 
 
+# the seeds' serving flags: Qwen3.5's reasoning and tool-call parsers; the GDN prefill kernel
+# that runs without flashinfer (which does not travel)
+GDN = ("--additional-config", '{"gdn_prefill_backend": "triton"}')
+QWEN35_ARGS = ("--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
+               "--tool-call-parser", "qwen3_coder", *GDN)
+Q35, DENSE_V, MOE_V, MOE_F = ("spark-vllm/qwen35-fp8", "spark-vllm/qwen3-vocab",
+                              "spark-vllm/qwen3moe-vocab", "spark-vllm/qwen3moe-fp8")
+LMO = ("--language-model-only",)
+# Triton's JIT cache kept across containers (each start would compile the MoE kernels again);
+# DeepGEMM off: its warmup JIT-compiles ~1250 kernels (over 5 minutes, seen on the first
+# qwen35 call), and a DGX Spark's GB10 (SM 12.1) does not run DeepGEMM anyway
+SIZED_ENV = {"TRITON_CACHE_DIR": "/root/vllm-cache/triton", "VLLM_USE_DEEP_GEMM": "0",
+             "VLLM_MOE_USE_DEEP_GEMM": "0", "VLLM_DEEP_GEMM_WARMUP": "skip"}
+FITTED = {
+    "fit_qwen35_lmonly_util05": (Q35, (*QWEN35_ARGS, *LMO, "--max-model-len", "32768",
+                                       "--gpu-memory-utilization", "0.5")),
+    "fit_dense_vocab_util05": (DENSE_V, ("--max-model-len", "8192",
+                                         "--gpu-memory-utilization", "0.5")),
+    "fit_moe_vocab_util05": (MOE_V, ("--max-model-len", "8192",
+                                     "--gpu-memory-utilization", "0.5")),
+    "fit_moe_fp8_util05": (MOE_F, ("--max-model-len", "8192",
+                                   "--gpu-memory-utilization", "0.5")),
+}
+HELD_OUT = {
+    "held_qwen35_util02_auto": (Q35, (*QWEN35_ARGS, "--max-model-len", "auto",
+                                      "--gpu-memory-utilization", "0.2")),
+    "held_qwen35_util09_len262144": (Q35, (*QWEN35_ARGS, "--max-model-len", "262144",
+                                           "--gpu-memory-utilization", "0.9")),
+    "held_moe_fp8_util03_len16384": (MOE_F, ("--max-model-len", "16384",
+                                             "--gpu-memory-utilization", "0.3")),
+    "held_moe_fp8_util085_kvfp8": (MOE_F, ("--max-model-len", "32768",
+                                           "--gpu-memory-utilization", "0.85",
+                                           "--kv-cache-dtype", "fp8")),
+    "held_dense_vocab_util08_seqs128": (DENSE_V, ("--max-model-len", "8192",
+                                                  "--gpu-memory-utilization", "0.8",
+                                                  "--max-num-seqs", "128")),
+    "held_qwen35_lmonly_util07_batch4096": (Q35, (*QWEN35_ARGS, *LMO, "--max-model-len",
+                                                  "65536", "--gpu-memory-utilization", "0.7",
+                                                  "--max-num-batched-tokens", "4096")),
+    "held_moe_vocab_util025": (MOE_V, ("--max-model-len", "4096",
+                                       "--gpu-memory-utilization", "0.25")),
+}
+
+
 def ws_status(port: int, path: str, key: str | None) -> Any:
     """The websocket handshake's answer: 101 accepted, else the HTTP status it refused with."""
     req = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\n"
@@ -736,7 +864,8 @@ def _version(pkg: str) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--part", choices=["serve", "restart", "load", "cache", "memory", "all"], default="all")
+    ap.add_argument("--part", choices=["serve", "restart", "load", "cache", "memory", "qwen35",
+                                       "heldout", "qwen35-heldout", "all"], default="all")
     ap.add_argument("--site", default="/root/site")
     ap.add_argument("--hf", default="/root/hf")
     ap.add_argument("--vllm-cache", default="/root/vllm-cache")
@@ -756,6 +885,12 @@ def main() -> None:
         tier.cache_part()
     if args.part == "memory":  # GPU only: the memory lines need real vLLM
         tier.memory_part()
+    if args.part == "qwen35":  # GPU only: the seeds' class served, the fitted memory set
+        tier.qwen35_part()
+    if args.part == "heldout":  # GPU only: the held-out memory set, a call of its own
+        tier.heldout_part()
+    if args.part == "qwen35-heldout":  # the seeds' class served, then the held-out set
+        tier.qwen35_part(fitted=False)
     tier.save()
 
 

@@ -6,7 +6,8 @@ scripts/image_check.py, whose code it runs rather than repeats).
 
 Reads the model's own files in the head's hfCache (config.json, the safetensors headers),
 estimates what each rank holds (memory_estimate.estimate), asks every node now how much GPU
-memory is free (node_memory.SCRIPT: nvidia-smi, or MemAvailable on unified memory; a node
+memory is free and CUDA's total (node_memory.SCRIPT: CUDA's total through libcuda, nvidia-smi's
+free, or MemAvailable on unified memory; a node
 without nvidia-smi is not checked), and refuses, with a per-node table and the largest
 --max-model-len that fits, what vLLM would refuse minutes into its load. The stack's own
 running vLLM holds `--gpu-memory-utilization` x total on every node until the replacement
@@ -89,7 +90,7 @@ def main(key: str, p: dict[str, Any]) -> int:
                 report[node["name"]] = "not checked (no nvidia-smi)"
                 continue
             g = min(gpus, key=lambda g: g.free_mib)
-            total, free = g.total_mib << 20, g.free_mib << 20
+            total, free = g.total_bytes, g.free_bytes  # CUDA's total where the node says it
             if held is not None:  # the stack's vLLM, stopped before the new one starts
                 free = min(total, free + int(held * total))
             # auto: vLLM fits the context at load; what must fit now is one short request

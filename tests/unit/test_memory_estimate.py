@@ -23,7 +23,8 @@ from lab.gpu import tiny_model
 from spark_vllm import memory_estimate as me
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-vllm" / "vllm-0.26.0.json"
-H200 = 143771 << 20  # the fixture header's "NVIDIA H200, 143771 MiB"
+H200 = 143771 << 20  # the fixture header's "NVIDIA H200, 143771 MiB" (nvidia-smi)
+H200_CUDA = 150109880320  # CUDA's total of the same GPU (what vLLM budgets from; 615 MiB less)
 GiB = me.GiB
 
 # (run, scenario) -> model kind; the vLLM flags of scenarios that do not record their args are
@@ -45,6 +46,11 @@ RECORDED = {
     ("memory", "kv_moe_util03_fp8"): ("moe", None),
     ("memory", "kv_hybrid_util03_len4096"): ("hybrid", None),
 }
+
+
+def rope(c: dict[str, Any]) -> int:
+    """The rotary cache the weights include (memory_estimate.rotary_cache_bytes)."""
+    return me.rotary_cache_bytes(c)
 
 
 def tiny_config(kind: str) -> dict[str, Any]:
@@ -188,9 +194,10 @@ def test_kv_math_reproduces_the_token_count(r: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("r", RECORDINGS, ids=lambda r: r["id"])
 def test_end_to_end_available_and_tokens(r: dict[str, Any]) -> None:
-    """(b) the estimator's own budget from utilization x 143771 MiB."""
+    """(b) the estimator's own budget from utilization x CUDA's total (the fitting set of the
+    NON_TORCH constants)."""
     est = recorded_estimate(r)
-    available = me.available_kv(est, H200, r["utilization"])[0]
+    available = me.available_kv(est, H200_CUDA, r["utilization"])[0]
     assert abs(available / GiB - r["available_gib"]) <= 0.05 * r["available_gib"]
     tokens = me.tokens_for(est, available)
     assert abs(tokens - r["tokens"]) <= 0.05 * r["tokens"]
@@ -234,7 +241,7 @@ def test_dense_tp_split_and_kv_heads_replicated_at_tp4() -> None:
                      + hid * 8 * hd // tp  # o_proj
                      + 3 * inter * hid // tp  # gate, up, down
                      + 2 * hid + 2 * hd)  # norms, replicated
-        expected = b * (2 * vocab_rows * hid // tp + hid + 4 * per_layer)
+        expected = b * (2 * vocab_rows * hid // tp + hid + 4 * per_layer) + rope(c)
         est = me.estimate(m, tp=tp, max_model_len=4096)
         assert est.weights == (expected,)
         assert me.weights_per_rank(est) == [expected] * tp
@@ -247,7 +254,7 @@ def test_moe_experts_split_router_replicated() -> None:
     c = tiny_config("moe")
     m = model(c)
     hid, mi, experts = 256, 128, 8
-    w1, w2 = (me.estimate(m, tp=t).weights[0] for t in (1, 2))
+    w1, w2 = (me.estimate(m, tp=t).weights[0] - rope(c) for t in (1, 2))
     router = 2 * experts * hid * 2  # 2 layers, [8, 256] bf16, on every rank
     norms = (2 * (2 * hid + 2 * 64) + hid) * 2
     assert w2 == (w1 - router - norms) // 2 + router + norms  # all the rest halves at TP 2
@@ -257,8 +264,8 @@ def test_moe_experts_split_router_replicated() -> None:
     only_experts = me.read_model({"config.json": c, "e.safetensors": header(
         {f"model.layers.0.mlp.experts.{e}.{p}.weight": [mi, hid]
          for e in range(experts) for p in ("gate_proj", "up_proj", "down_proj")})})
-    assert me.weights_per_stage(only_router, tp=2) == [experts * hid * 2]
-    assert me.weights_per_stage(only_experts, tp=2) == [expert_bytes // 2]
+    assert me.weights_per_stage(only_router, tp=2) == [experts * hid * 2 + rope(c)]
+    assert me.weights_per_stage(only_experts, tp=2) == [expert_bytes // 2 + rope(c)]
 
 
 def test_replicated_norms() -> None:
@@ -266,7 +273,7 @@ def test_replicated_norms() -> None:
               "model.layers.0.self_attn.q_norm.weight": [128], "model.norm.weight": [4096]}
     m = me.read_model({"config.json": dense(layers=1), "n.safetensors": header(shapes)})
     assert {t: me.weights_per_stage(m, tp=t)[0] for t in (1, 2, 8)} == {
-        t: (4096 + 128 + 4096) * 2 for t in (1, 2, 8)}
+        t: (4096 + 128 + 4096) * 2 + rope(dense(layers=1)) for t in (1, 2, 8)}
 
 
 def test_hybrid_kv_only_in_full_attention_layers() -> None:
@@ -286,24 +293,25 @@ def test_pp_split_embedding_first_lm_head_last() -> None:
     assert me.pp_layer_ranges(5, 2) == [(0, 3), (3, 5)]
     assert me.pp_layer_ranges(10, 4) == [(0, 2), (2, 5), (5, 8), (8, 10)]  # middle stages
     m = model(dense(layers=4))
-    one = me.estimate(m).weights[0]
+    r = rope(dense())  # the rotary cache: on every stage with attention layers
+    one = me.estimate(m).weights[0] - r
     est = me.estimate(m, pp=2)
     embed = lm_head = 1024 * 512 * 2
     norm = 512 * 2
     layer = (one - embed - lm_head - norm) // 4
-    assert est.weights == (embed + 2 * layer, 2 * layer + norm + lm_head)
-    assert sum(est.weights) == one
+    assert est.weights == (embed + 2 * layer + r, 2 * layer + norm + lm_head + r)
+    assert sum(est.weights) == one + 2 * r
     assert me.weights_per_rank(me.estimate(m, tp=2, pp=2)) == [
         *[me.estimate(m, tp=2, pp=2).weights[0]] * 2, *[me.estimate(m, tp=2, pp=2).weights[1]] * 2]
     assert est.kv_bytes_per_token(0) == est.kv_bytes_per_token(1) == 2 * 2 * 2 * 64 * 2
     # tied (Qwen2-style model code): the last stage keeps its own copy of the embedding
     tied = me.estimate(model(dense(layers=4, tie=True)), pp=2)
-    assert tied.weights == (embed + 2 * layer, 2 * layer + norm + embed)
+    assert tied.weights == (embed + 2 * layer + r, 2 * layer + norm + embed + r)
     # Qwen3-MoE's vLLM class builds embed_tokens and lm_head on every stage
     moe = model(tiny_config("moe"))
     moe_pp = me.estimate(moe, pp=2).weights
     vocab = 1984 * 256 * 2
-    assert sum(moe_pp) == me.estimate(moe).weights[0] + 2 * vocab
+    assert sum(moe_pp) == me.estimate(moe).weights[0] + 2 * vocab + rope(moe.text)
 
 
 def test_fp8_kv_halves_kv_bytes() -> None:
@@ -348,7 +356,7 @@ def test_qwen35_like_at_tp2(qwen35: me.ModelFiles) -> None:
                 if not name.startswith("mtp."))
     assert 115e9 < total < 130e9  # FP8: about 120 GB
     one, two = me.estimate(qwen35).weights[0], me.estimate(qwen35, tp=2).weights[0]
-    assert one == total
+    assert one == total + rope(qwen35.text)
     assert 0.5 < two / one < 0.51  # half, plus what every rank keeps whole (norms, routers)
     est = me.estimate(qwen35, tp=2, max_model_len=262144)
     kinds = me.layer_kinds(qwen35.text)
@@ -373,7 +381,7 @@ def test_cannot_fit_says_why(qwen35: me.ModelFiles) -> None:
     est = me.estimate(qwen35, max_model_len=262144)  # TP 1: 115 GiB of weights on one H200
     tight = me.fit(est, H200, H200, 0.8)
     assert not tight.ok and tight.kv_available <= 0 and tight.max_model_len == 0
-    assert tight.reason.startswith("No available memory for the cache blocks: weights 115.21 GiB")
+    assert tight.reason.startswith("No available memory for the cache blocks: weights 115.34 GiB")
     busy = me.fit(me.estimate(model(dense())), H200, 60 * GiB, 0.5)
     assert not busy.ok and busy.max_model_len == 0
     assert busy.reason == (
@@ -392,8 +400,9 @@ def test_cannot_fit_says_why(qwen35: me.ModelFiles) -> None:
                                   "the available KV cache memory (0.")
     assert f"estimated maximum model length is {long.max_model_len}." in long.reason
     shorter = me.fit(small, H200, H200, 0.01, max_model_len=long.max_model_len)
-    assert shorter.ok and 0 <= shorter.left < 16 * 2048
-    assert not me.fit(small, H200, H200, 0.01, long.max_model_len + 16).ok
+    page = 16 * 2048  # the null block vLLM keeps back is left over (issue 36)
+    assert shorter.ok and page <= shorter.left < 2 * page
+    assert not me.fit(small, H200, H200, 0.01, long.max_model_len + 32).ok
 
 
 def test_longest_fit_is_monotone_in_free_memory() -> None:
