@@ -78,10 +78,14 @@ class ServerState:
 
 
 # The engine loop: one step generates this many tokens for every running request and takes
-# at least STEP_S (~500 tokens/s a request: a 1900-token request runs for ~3 s, long enough
-# to be caught in flight, as it was on real vLLM 0.26.0 with a tiny model).
+# at least STEP_S: at most 400 tokens/s a request, real vLLM 0.26.0's pace with the tiny
+# model on an H200 (tests/fixtures/real-vllm: 380-510 tokens/s a request, 16 or 64 running;
+# 16 requests of 1500 tokens still in flight 3 s after they were sent, and a long queue
+# holding a canary for more than 10 s behind 4 batches of them, seen by the liveness read as
+# busy). Was 800 tokens/s: those requests were done before the rank was frozen, and the
+# canary came in 7 s (serving).
 TOKENS_PER_STEP = 8
-STEP_S = 0.01
+STEP_S = 0.02
 
 
 @dataclass(eq=False)
@@ -144,13 +148,15 @@ class _Engine:
         self.incoming.clear()
 
     async def _loop(self) -> None:
+        clock = asyncio.get_running_loop()
         while self.incoming or self.waiting or self.running:
+            started = clock.time()
             self.waiting.extend(self.incoming)
             self.incoming.clear()
             while self.waiting and len(self.running) < self.state.max_num_seqs:
                 self.running.append(self.waiting.popleft())
             try:
-                await asyncio.gather(asyncio.to_thread(self.state.step), asyncio.sleep(STEP_S))
+                await asyncio.to_thread(self.state.step)
             except Exception as err:  # noqa: BLE001 - a dead rank: every request fails
                 self._fail_all(err)
                 break
@@ -165,6 +171,12 @@ class _Engine:
                         req.done.set_result(None)
             self.state.published_running = len(self.running)
             self.state.published_waiting = len(self.waiting)
+            # The pace (a step takes at least STEP_S) is kept after the step's outputs are
+            # out, not before: what every rank answered is published at once, so a rank
+            # stopped (SIGSTOP) after its step stops the counters at once, as on vLLM 0.26.0
+            # (tests/fixtures/real-vllm: no token after the stop). Was: the step and STEP_S's
+            # sleep together, so a step answered just before the stop came out after it.
+            await asyncio.sleep(max(0.0, STEP_S - (clock.time() - started)))
 
 
 def _error(message: str, err_type: str, code: int, param: str | None = None) -> JSONResponse:
@@ -208,6 +220,18 @@ def _v2_token_ok(header: str | None, keys: list[str]) -> bool:
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="vllm-sim", version=simulated_version())
     engine = _Engine(state)
+
+    # Added first, so it runs last, after the authentication below and any --middleware.
+    @app.middleware("http")
+    async def websocket_handshake(request: Request, call_next):  # type: ignore[no-untyped-def]
+        # A websocket handshake that passed the auth: vllm-sim serves no websocket route, and
+        # a handshake no route accepts is refused 403 (Starlette closes it before accepting,
+        # uvicorn answers the handshake 403), as vLLM 0.26.0 refused WS /v1/realtime with the
+        # key (tests/fixtures/real-vllm). vllm-sim's uvicorn has no websocket library, so the
+        # handshake arrives here as a plain request with its Upgrade header.
+        if request.headers.get("upgrade", "").lower() == "websocket":
+            return Response(status_code=403)
+        return await call_next(request)
 
     @app.middleware("http")
     async def authentication(request: Request, call_next):  # type: ignore[no-untyped-def]
@@ -408,10 +432,15 @@ def build_app(state: ServerState) -> FastAPI:
         @app.post("/invocations")
         async def invocations(request: Request) -> Response:
             # sagemaker/api_router.py:98-140: the body is tried as a chat request, then as a
-            # completion request (generate/factories.py:37-40); no API key is asked for.
+            # completion request (generate/factories.py:37-40); no API key is asked for. The
+            # body's `model` is not checked: vLLM 0.26.0 answered 200 to a completion naming a
+            # model it does not serve, which /v1/completions refused 404
+            # (tests/fixtures/real-vllm, routes; the SageMaker decorators on the route were not
+            # read): the served model answers.
             body = await _read_json(request)
             if isinstance(body, JSONResponse):
                 return body
+            body = {**body, "model": None}
             if isinstance(body.get("messages"), list) and body["messages"]:
                 return await chat_completions_body(body)
             if "prompt" in body:

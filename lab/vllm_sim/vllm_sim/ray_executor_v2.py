@@ -34,7 +34,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from vllm_sim import compile_cache
+from vllm_sim import compile_cache, plugins
 from vllm_sim.logger import configure_logging, init_logger
 from vllm_sim.ray_env import WORKER_SPECIFIC_ENV_VARS, env_report, get_driver_env_vars
 from vllm_sim.ray_executor import RankInfo
@@ -91,6 +91,9 @@ class RayWorkerProc:
             os.environ.setdefault(key, value)  # :173-175: never overwrites node-local values
         for key, value in env_vars.items():
             os.environ[key] = value
+        # then WorkerWrapperBase.init_worker: vLLM's general plugins, loaded in the env the
+        # rank now has (plugins.py)
+        plugins.load_general_plugins()
         self.local_rank = local_rank
         self.distributed_init_method = distributed_init_method
         # :186-190 -> WorkerProc.__init__: each rank loads the weights from its own node's disk
