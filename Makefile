@@ -4,7 +4,7 @@ PY    := .venv/bin/python
 NODES ?= 2
 BACKEND ?= ray
 
-.PHONY: help venv tools deps test unit lint demo demo-down bench lab-up lab-down fidelity
+.PHONY: help venv tools deps test unit lint demo demo-down bench lab-up lab-down fidelity captures
 
 help:
 	@echo "make demo       lab up (simulated Spark nodes) + pulumi up + a chat completion (BACKEND=native: no Ray)"
@@ -59,6 +59,10 @@ lab-up: venv deps
 
 lab-down: venv
 	$(PY) -m lab down
+
+# the PR-summary tests' preview captures, made again from today's program (ray and native)
+captures: venv tools deps
+	bash lab/captures.sh
 
 # vllm-sim's flag table against the real vLLM source (downloads the wheel once; not in CI)
 fidelity: venv

@@ -1,7 +1,10 @@
 """Capture real `pulumi preview --json` documents of the lab stack, one per change kind, for
-the summary tool's tests (tests/unit/test_summary.py):
+the summary tool's tests (tests/unit/test_summary.py), or check that today's program still plans
+what they hold:
 
-    source lab/env.sh && python -m lab.capture_previews [--stack lab] [KIND ...]
+    make captures                    (lab up, deploy, capture every kind, ray and native; down)
+    source lab/env.sh && python -m lab.capture_previews [--stack lab] [--out DIR] [KIND ...]
+    python -m lab.capture_previews --check [--out DIR]   (writes nothing; the lab suite runs it)
 
 Run it on a lab whose 2-node stack is deployed and serving (`python -m lab up`, then
 `pulumi up --stack lab`), with the lab's default subnets, so the captured addresses are the ones
@@ -227,7 +230,25 @@ def _lab_info(stack: str, env: dict[str, str]) -> dict[str, Any]:
     return info
 
 
-def capture(stack: str, kinds: list[Kind], out: Path) -> list[Path]:
+def plan(text: str) -> list[tuple[str, str]]:
+    """What a preview plans: (op, resource name) of every step, sames included, in order."""
+    doc = summary.load(text)
+    return sorted((s["op"], s["urn"].split("::")[-1]) for s in doc.get("steps", []))
+
+
+def plan_difference(kind: str, captured: str, now: str) -> str | None:
+    """None when today's program plans what the capture holds, else what differs."""
+    was, is_ = plan(captured), plan(now)
+    if was == is_:
+        return None
+    gone = sorted(set(was) - set(is_))
+    new = sorted(set(is_) - set(was))
+    return (f"{kind}: today's program plans another change than its capture:\n"
+            + "".join(f"    capture only: {op} {name}\n" for op, name in gone)
+            + "".join(f"    today only:   {op} {name}\n" for op, name in new))
+
+
+def capture(stack: str, kinds: list[Kind], out: Path, check: bool = False) -> list[Path]:
     env = dict(os.environ) if "SPARK_VLLM_TOOLCHAIN_BIN" in os.environ else envsh.sourced()
     cli = Pulumi(stack, env)
     stack_file = config.stack_file(stack)
@@ -243,6 +264,7 @@ def capture(stack: str, kinds: list[Kind], out: Path) -> list[Path]:
     api_key = cli.secret("apiKey")
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
+    stale: list[str] = []
     try:
         for kind in kinds:
             print(f"[capture] {kind.name}: {kind.what}", file=sys.stderr)
@@ -253,6 +275,12 @@ def capture(stack: str, kinds: list[Kind], out: Path) -> list[Path]:
                 stack_file.write_bytes(original)
             report = check_preview(kind.name, text)
             path = out / f"{kind.name}.json"
+            if check:
+                if not path.exists():
+                    stale.append(f"{kind.name}: no capture at {path}")
+                elif diff := plan_difference(kind.name, path.read_text(), text):
+                    stale.append(diff)
+                continue
             path.write_text(text if text.endswith("\n") else text + "\n")
             written.append(path)
             print(report, file=sys.stderr)
@@ -261,6 +289,9 @@ def capture(stack: str, kinds: list[Kind], out: Path) -> list[Path]:
     if cli.config() != before or cli.secret("apiKey") != api_key:
         raise CaptureError(f"{stack_file} was put back but `pulumi config` differs from "
                            "before the capture: check it by hand")
+    if stale:
+        raise CaptureError("the captures are not today's program's plans (regenerate them: "
+                           "`make captures`):\n" + "\n".join(stale))
     if leaks := scan(written, secret_values(cli, api_key)):
         for path, _ in leaks:
             path.unlink(missing_ok=True)
@@ -278,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--stack", default=config.DEFAULT_STACK)
     ap.add_argument("--out", type=Path, default=OUT_DIR)
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing: fail when today's program plans, for a kind, another "
+                         "change than its committed capture (op per resource, sames included)")
     ap.add_argument("kinds", nargs="*", metavar="KIND",
                     help=f"kinds to capture (default: all): {', '.join(k.name for k in KINDS)}")
     args = ap.parse_args(argv)
@@ -286,14 +320,15 @@ def main(argv: list[str] | None = None) -> int:
     kinds = [k for k in KINDS if not args.kinds or k.name in args.kinds]
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        written = capture(args.stack, kinds, args.out.resolve())
+        written = capture(args.stack, kinds, args.out.resolve(), check=args.check)
     except CaptureError as err:
         print(f"capture_previews: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("capture_previews: interrupted; the stack file is restored", file=sys.stderr)
         return 130
-    print("\n".join(map(str, written)))
+    print("\n".join(map(str, written)) if written else
+          f"{len(kinds)} kind(s): today's program plans what each capture holds")
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -232,6 +233,16 @@ def chat(endpoint: str, model: str, api_key: str, text: str = "hello") -> str:
         "Content-Type": "application/json", "Authorization": f"Bearer {api_key}"})
     with urllib.request.urlopen(req, timeout=30) as resp:
         return json.load(resp)["choices"][0]["message"]["content"]
+
+
+def captures_match(out: str = "tests/fixtures/previews") -> None:
+    """The committed preview captures (what the PR-summary tests read) are today's program's
+    plans: each change kind previewed on the deployed lab stack plans, resource by resource, the
+    op its capture holds (`python -m lab.capture_previews --check`; `make captures` renews them)."""
+    proc = subprocess.run([sys.executable, "-m", "lab.capture_previews", "--check", "--stack",
+                           STACK, "--out", out], cwd=REPO, env={**os.environ, **engine_env()},
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def read_until(proc: subprocess.Popen[str], stop: Any, deadline_s: float) -> list[str]:

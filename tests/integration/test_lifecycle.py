@@ -14,6 +14,7 @@ from tests.integration.engine import (
     STACK,
     Lab,
     Run,
+    captures_match,
     chat,
     containers,
     docker_events,
@@ -135,6 +136,10 @@ def test_1b_the_api_key_guards_every_inference_route(lab2: Lab) -> None:
         assert http_status(base + path, "sk-wrong", body) == 401, path
         assert http_status(base + path, API_KEY, body) == 200, path
     assert http_status(base + "/health") == 200
+
+
+def test_1c_the_pr_summary_captures_are_todays_plans(lab2: Lab) -> None:
+    captures_match()
 
 
 def test_2_noop_up_runs_nothing(lab2: Lab) -> None:

@@ -20,6 +20,7 @@ from tests.integration.engine import (
     STACK,
     Lab,
     Run,
+    captures_match,
     chat,
     containers,
     docker_events,
@@ -101,6 +102,10 @@ def test_1_fresh_up_serves_without_ray(lab2n: Lab) -> None:
     ids = lab2n.outputs()["containerIds"]
     assert set(ids) == {"node-1/vllm-leader", "node-2/vllm-rank"}
     print(f"native fresh up: {run.seconds:.1f} s")
+
+
+def test_1c_the_native_pr_summary_captures_are_todays_plans(lab2n: Lab) -> None:
+    captures_match("tests/fixtures/previews/native")
 
 
 def test_2_an_env_change_replaces_the_ranks_in_order(lab2n: Lab) -> None:
