@@ -99,9 +99,10 @@ def test_1_a_long_queue_on_a_healthy_vllm_is_busy_and_not_replaced(lab: Lab) -> 
     before = by_role()
     base = endpoint(lab)
     with ThreadPoolExecutor(6) as pool:
-        # 6 requests of 4000 tokens against 2 slots: ~6 s each in vllm-sim, 3 rounds (~18 s):
+        # 6 requests of 2000 tokens against 2 slots: ~5 s each in vllm-sim (400 tokens/s, as real
+        # vLLM 0.26.0 paced), 3 rounds (~15 s):
         # the canary of the status below waits in the queue while tokens flow
-        flood = [pool.submit(long_request, base, 4000) for _ in range(6)]
+        flood = [pool.submit(long_request, base, 2000) for _ in range(6)]
         time.sleep(1.0)
         code, report = status()
         run = ok(lab.preview(refresh=True))
