@@ -36,7 +36,7 @@ unit: venv
 	$(PY) -m pytest -q tests/unit
 
 lint: venv
-	.venv/bin/ruff check spark_vllm tests __main__.py lab bench
+	.venv/bin/ruff check spark_vllm components tests __main__.py lab bench
 	.venv/bin/mypy
 	@# the PR-preview workflow ships in the template (spark-vllm init writes it): lint it where it lands
 	d=$$(mktemp -d) && mkdir -p $$d/.github/workflows && cp spark_vllm/template/preview.yml $$d/.github/workflows/ && \

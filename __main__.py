@@ -1,5 +1,5 @@
 """spark-vllm: read the stack config, build the components, export the outputs."""
 
-from spark_vllm.program import run
+from spark_vllm.components.program import run
 
 run()

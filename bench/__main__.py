@@ -18,7 +18,7 @@ from bench.contenders.bare import Bare
 from bench.contenders.launcher import Launcher
 from bench.contenders.spark_vllm import SparkVllm, SparkVllmNative
 from lab import cluster, config, envsh
-from spark_vllm.spec import DEFAULT_RAY_TIMEOUT_S
+from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CHOICES = ("spark-vllm", "launcher", "bare", "spark-vllm-native")

@@ -10,7 +10,7 @@ from typing import Any
 from bench import staging
 from bench.scenarios import SCENARIOS
 from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
-from spark_vllm.spec import DEFAULT_RAY_TIMEOUT_S
+from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
 
 TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_change":
           "env change → serving", "vllm_change": "vLLM-arg change → serving",

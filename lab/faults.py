@@ -7,7 +7,7 @@ stands still. A rank is a Ray actor process, which Ray titles `ray::<actor class
 so /proc/PID/cmdline), `ray::<class>.<method>` while a method runs: RayWorkerProc (vllm-sim
 V2, named as vLLM's own, vllm/v1/executor/ray_executor_v2.py) or RaySimWorker (vllm-sim
 legacy). The Ray container is the program's, named `spark-vllm-<stack>-ray-head` on the head
-node and `spark-vllm-<stack>-ray-worker` on the others (spark_vllm/commands.py
+node and `spark-vllm-<stack>-ray-worker` on the others (components/render/commands.py
 container_name); the program's vLLM container holds only the driver.
 
 `gpu-memory`: the lab's nodes have no GPU. This installs a fake `nvidia-smi` on the node host
@@ -33,7 +33,7 @@ from lab.run import LabError, run
 
 RANK_CLASSES = ("RayWorkerProc", "RaySimWorker")
 RANK_PATTERN = r"^ray::(" + "|".join(RANK_CLASSES) + r")\b"
-# what the lab names the program's containers: spark_vllm.commands LABEL, HEAD, WORKER
+# what the lab names the program's containers: spark_vllm.components.render.commands LABEL, HEAD, WORKER
 RAY_ROLES = ("ray-head", "ray-worker")
 
 

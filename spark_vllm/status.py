@@ -38,8 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import commands, errors, node_memory, ssh
-from .secret_check import NAMESPACE
+from . import errors
+from .components import node_memory, ssh
+from .components.render import commands
+from .components.secret_check import NAMESPACE
 
 
 def project_dir() -> Path:

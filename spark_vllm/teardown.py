@@ -22,7 +22,9 @@ import subprocess
 import sys
 from typing import Any
 
-from . import commands, errors, ssh, status
+from . import errors, status
+from .components import ssh
+from .components.render import commands
 
 CMD = "command:remote:Command"
 

@@ -1,6 +1,6 @@
 """(c) The bare critical path: the floor. Only the unavoidable steps, over SSH, no checks.
 
-Same image and the very same `docker run` lines as spark-vllm (spark_vllm/commands.py), so the
+Same image and the very same `docker run` lines as spark-vllm (components/render/commands.py), so the
 difference to (a) is the engine, the checks and the waits, not the containers:
 
   head:    docker run … ray start --head --block;  poll its log for "Ray runtime started"
@@ -24,9 +24,9 @@ import yaml
 
 from bench.common import LOG_DIR, Lab, Node, Result, on_nodes, ssh
 from bench.contenders import Contender, Outcome
-from spark_vllm import commands
-from spark_vllm.backends import ray as ray_backend
-from spark_vllm.spec import NAMESPACE, ClusterSpec, decode_config, parse_spec
+from spark_vllm.components.render import commands
+from spark_vllm.components.render.backends import ray as ray_backend
+from spark_vllm.components.spec import NAMESPACE, ClusterSpec, decode_config, parse_spec
 
 STACK_NAME = "bare"  # container names spark-vllm-bare-*: never the program's own
 

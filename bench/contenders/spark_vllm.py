@@ -20,7 +20,7 @@ from bench import profile
 from bench.common import LOG_DIR, STACK, Lab, Result, run, ssh
 from bench.contenders import Contender, Outcome
 from lab import envsh, keys
-from spark_vllm.spec import NAMESPACE
+from spark_vllm.components.spec import NAMESPACE
 
 VLLM_TIMEOUT_S = 300  # vllm-sim loads in ~3 s; a bound, not a wait
 PULUMI_TIMEOUT_S = 600

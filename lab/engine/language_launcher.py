@@ -13,7 +13,7 @@ serves the LanguageRuntime RPCs a launched host is asked for.
 
 Run: the SDK's server runs an *inline* program in one of its threads. spark-vllm's program is a
 process program, as every `pulumi up` with the official host runs it: it installs a SIGINT
-handler and ends with exit code 32 when it has shown its own error (spark_vllm/program.py), which
+handler and ends with exit code 32 when it has shown its own error (components/program.py), which
 only a process's main thread can do. So Run starts the program the way the official host does:
 the SDK's own ``pulumi-language-python-exec`` (served in the sdk/v3 module, bundled beside the
 CLI) in the project's virtualenv (the bash launcher picks the interpreter from Pulumi.yaml's

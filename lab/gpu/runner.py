@@ -37,9 +37,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from spark_vllm import commands, node_memory, staging_commands  # noqa: E402
-from spark_vllm import spec as specmod  # noqa: E402
-from spark_vllm.backends import ray as ray_backend  # noqa: E402
+from spark_vllm.components import node_memory  # noqa: E402
+from spark_vllm.components import spec as specmod  # noqa: E402
+from spark_vllm.components.render import commands, staging_commands  # noqa: E402
+from spark_vllm.components.render.backends import ray as ray_backend  # noqa: E402
 
 IMAGE = "spark-vllm-gpu-tier:local"  # recorded only: the machine is the image (docker_shim)
 HF_TOKEN = "hf_observation_not_a_real_token"
@@ -578,7 +579,7 @@ class Tier:
                                                                            commands.HEAD)})
 
     def memory_part(self) -> None:
-        """vLLM's memory lines for configurations the estimator (spark_vllm/memory_estimate.py)
+        """vLLM's memory lines for configurations the estimator (components/memory_estimate.py)
         was not fitted on: other utilizations, batch limits, a longer context, fp8 KV on MoE."""
         s = self.spec(vllm_args=("--max-model-len", "2048", "--gpu-memory-utilization", "0.3"))
         self.record("head_start", lambda: self.head_up(s))

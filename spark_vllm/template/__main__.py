@@ -1,5 +1,5 @@
 """This project's program: spark-vllm, the package requirements.txt installs."""
 
-from spark_vllm.program import run
+from spark_vllm.components.program import run
 
 run()

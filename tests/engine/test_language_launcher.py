@@ -1,7 +1,7 @@
 """The lab's language host (lab/engine/language_launcher.py: the Python SDK's own language server,
 launched where the CLI looks for its host) under the real CLI, on what the program relies on:
 the project's virtualenv, config and secret flags reaching the program, exit code 32 as "the
-program already said why" (spark_vllm/program.py), another exit code named, a missing venv
+program already said why" (components/program.py), another exit code named, a missing venv
 named with the fix, and the provider SDKs' plugins declared up front."""
 
 from __future__ import annotations

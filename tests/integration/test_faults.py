@@ -20,7 +20,7 @@ import pytest
 from pulumi import automation as auto
 
 from lab import cluster, config, keys, model
-from spark_vllm.spec import SSH_DIALS
+from spark_vllm.components.spec import SSH_DIALS
 from tests.integration.conftest import API_KEY, TEST_DIAL_TIMEOUT_S
 from tests.integration.engine import (
     REPO,
@@ -130,7 +130,7 @@ def test_1_a_wrong_pinned_host_key_stops_the_update_before_any_command(lab: Lab)
         lab.set("env", {"NCCL_DEBUG": "WARN"})
     assert run.error is not None
     node2 = cluster.find_node("node-2")
-    from spark_vllm.hostkeys import fingerprint
+    from spark_vllm.components.hostkeys import fingerprint
     assert (f"nodes[1].hostKey: node-2 at {node2.mgmt_ip}:22 presents ssh-ed25519 "
             f"{fingerprint(real)}, not the pinned {fingerprint(wrong)}") in run.error
     assert run.seconds < 15, run.seconds

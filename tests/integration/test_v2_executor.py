@@ -14,8 +14,8 @@ import pytest
 from pulumi import automation as auto
 
 from lab import cluster
-from spark_vllm.backends import ray as ray_backend
-from spark_vllm.spec import parse_spec
+from spark_vllm.components.render.backends import ray as ray_backend
+from spark_vllm.components.spec import parse_spec
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import STACK, Lab, node_sh
 from tests.integration.test_lifecycle import http_status, ok

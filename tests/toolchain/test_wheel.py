@@ -9,7 +9,7 @@ live in stacks/ (`stackConfigDir: stacks`). A preview needs no SSH, so the nodes
 exist. Then `spark-vllm status` and `summary` from the same virtualenv.
 
 A wheel that leaves a subpackage out (pyproject's old `packages = ["spark_vllm"]` dropped
-spark_vllm.backends) fails every preview here at the program's first import.
+spark_vllm.components.render.backends) fails every preview here at the program's first import.
 """
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ def _source_copy(dest: Path) -> Path:
                             cwd=REPO_DIR, capture_output=True, timeout=60, check=True).stdout
     for name in filter(None, listed.decode().split("\0")):
         src = REPO_DIR / name
-        if src.is_file():  # a tracked file deleted in the work tree is not there
+        if src.is_symlink():  # spark_vllm/components -> ../components: the link, as git has it
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            (dest / name).symlink_to(os.readlink(src))
+        elif src.is_file():  # a tracked file deleted in the work tree is not there
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / name)
     return dest
@@ -112,18 +115,20 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
 
 def test_the_wheel_holds_every_subpackage_and_the_package_data(installed: Installed) -> None:
     names = set(zipfile.ZipFile(installed.wheel).namelist())
+    files = [Path(d, f) for d, _, fs in os.walk(PACKAGE, followlinks=True) for f in fs]
     expected = {p.relative_to(REPO_DIR).as_posix()
-                for p in PACKAGE.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                for p in files if "__pycache__" not in p.parts
                 and (p.suffix == ".py" or p.parent.name in ("scripts", "template"))}
-    assert "spark_vllm/backends/__init__.py" in expected  # the subpackage the old line dropped
+    # a subpackage (the old packages line dropped them), through the link to components/
+    assert "spark_vllm/components/render/backends/__init__.py" in expected
     assert "spark_vllm/template/gitignore" in expected  # dot-less: what `init` writes as .gitignore
     assert sorted(expected - names) == []
 
 
 def test_the_venv_imports_spark_vllm_from_itself(installed: Installed) -> None:
     proc = ok(run([installed.venv / "bin" / "python", "-c",
-                   "import spark_vllm.program, spark_vllm.backends, sys; "
-                   "print(spark_vllm.program.__file__); print(sys.path)"],
+                   "import spark_vllm.components.program, spark_vllm.components.render.backends, sys; "
+                   "print(spark_vllm.components.program.__file__); print(sys.path)"],
                   cwd=installed.root, env=installed.env, timeout=60))
     where = Path(proc.stdout.splitlines()[0])
     assert where.is_relative_to(installed.venv), where

@@ -13,8 +13,8 @@ import pulumi
 from google.protobuf.json_format import MessageToDict
 from pulumi.runtime.mocks import MockMonitor
 
-from spark_vllm.program import Secrets, deploy
-from spark_vllm.spec import ClusterSpec, parse_spec
+from spark_vllm.components.program import Secrets, deploy
+from spark_vllm.components.spec import ClusterSpec, parse_spec
 
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
 CMD = "command:remote:Command"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from spark_vllm.commands import script_text
+from spark_vllm.components.render.commands import script_text
 
 
 def middleware(key: str | None, monkeypatch: pytest.MonkeyPatch) -> Any:

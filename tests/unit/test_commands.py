@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_vllm import commands as c
-from spark_vllm import preflight_commands
-from spark_vllm.backends import ray as ray_backend
+from spark_vllm.components.render import commands as c
+from spark_vllm.components.render import preflight_commands
+from spark_vllm.components.render.backends import ray as ray_backend
 from tests.unit.harness import fake_rsync, lab_nodes, spec_from
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -554,7 +554,7 @@ def test_remove_is_idempotent_but_not_blind(tmp_path: Path) -> None:
 # --- the gate's comparison ------------------------------------------------------------------
 
 def load_gate():
-    path = ROOT / "spark_vllm" / "scripts" / "ray_gate.py"
+    path = ROOT / "components" / "scripts" / "ray_gate.py"
     mod_spec = importlib.util.spec_from_file_location("ray_gate", path)
     mod = importlib.util.module_from_spec(mod_spec)
     mod_spec.loader.exec_module(mod)
@@ -609,7 +609,7 @@ def _asgi_status(path: str, key: str | None, auth: str | None, method: str = "PO
     import asyncio
 
     spec = importlib.util.spec_from_file_location(
-        "spark_vllm_auth", ROOT / "spark_vllm" / "scripts" / "spark_vllm_auth.py")
+        "spark_vllm_auth", ROOT / "components" / "scripts" / "spark_vllm_auth.py")
     mod = importlib.util.module_from_spec(spec)
     old = os.environ.pop("VLLM_API_KEY", None)
     if key is not None:

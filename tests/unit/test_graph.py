@@ -10,8 +10,8 @@ from unittest.mock import patch
 import pulumi
 import pytest
 
-from spark_vllm import commands as c
-from spark_vllm.program import BAIL_EXIT_CODE, Secrets, main
+from spark_vllm.components.program import BAIL_EXIT_CODE, Secrets, main
+from spark_vllm.components.render import commands as c
 from tests.unit.harness import (
     API_KEY,
     CMD,
@@ -182,7 +182,7 @@ def test_no_secret_value_in_any_plain_input(n: int) -> None:
 
 def test_outputs_name_every_node_and_container() -> None:
     captured: dict[str, object] = {}
-    from spark_vllm import program
+    from spark_vllm.components import program
 
     real_deploy = program.deploy
 
@@ -305,7 +305,7 @@ def test_a_registration_the_engine_cancels_ends_the_program_quietly() -> None:
     child = """
 import grpc, sys
 from pulumi.runtime import resource
-from spark_vllm.program import exit_quietly_when_interrupted
+from spark_vllm.components.program import exit_quietly_when_interrupted
 
 class Err(grpc.RpcError):
     def __init__(self, code): self._code = code

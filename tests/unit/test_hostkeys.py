@@ -1,4 +1,4 @@
-"""Pinned host keys: the program's own check before an update (spark_vllm/hostkeys.py),
+"""Pinned host keys: the program's own check before an update (components/hostkeys.py),
 against OpenSSH's tools: real `ssh-keygen` for keys and fingerprints, a fake `ssh-keyscan`
 standing for the nodes."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm import hostkeys
+from spark_vllm.components import hostkeys
 from tests.unit.harness import spec_from
 
 

@@ -79,7 +79,7 @@ def test_fake_without_values_fails_like_a_missing_driver(tmp_path):
 
 
 def test_the_programs_memory_check_reads_the_fake(tmp_path):
-    node_memory = pytest.importorskip("spark_vllm.node_memory")
+    node_memory = pytest.importorskip("spark_vllm.components.node_memory")
     smi = install_fake(tmp_path, total=122880, free=20480)
     done = subprocess.run(["sh", "-c", node_memory.SCRIPT], capture_output=True, text=True,
                           timeout=10, env={**os.environ, "PATH": f"{smi.parent}:/usr/bin:/bin"})

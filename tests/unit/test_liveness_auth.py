@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from spark_vllm.commands import script_text
+from spark_vllm.components.render.commands import script_text
 from spark_vllm.status import classify
 
 KEY = "sk-in-the-container"

@@ -1,4 +1,4 @@
-"""The memory admission (spark_vllm/memory_check.py, scripts/memory_check.py) run for real on
+"""The memory admission (components/memory_check.py, scripts/memory_check.py) run for real on
 a one-node stack: its rendered script with its stdin (the key, the program, its helpers), a
 PATH where `nvidia-smi` and `docker` say what the test wants, and a model in huggingface_hub's
 layout made by lab/model_gen.py (a Qwen3-MoE config with valid safetensors headers)."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm import memory_check
-from spark_vllm.backends import ray as ray_backend
+from spark_vllm.components import memory_check
+from spark_vllm.components.render.backends import ray as ray_backend
 from tests.unit.harness import spec_from
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,7 +115,7 @@ def test_vllms_size_suffixes_are_read_as_vllm_reads_them() -> None:
 def test_max_model_len_auto_leaves_the_fit_to_vllm_and_shows_the_estimate(
         tmp_path: Path, hf: Path) -> None:
     spec = spec_from([{"name": "a", "host": "10.0.0.1"}], maxModelLen="auto")
-    from spark_vllm import commands
+    from spark_vllm.components.render import commands
     args = commands.vllm_serve_args(spec, ray_backend.EXECUTOR)
     assert args[args.index("--max-model-len") + 1] == "auto"  # vLLM >= 0.26 fits it at load
     with pytest.raises(ValueError, match=r"vllmArgs\[0\]: --max-model-len is set by the program"):

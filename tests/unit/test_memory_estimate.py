@@ -1,4 +1,4 @@
-"""Memory admission (spark_vllm/memory_estimate.py) against real vLLM 0.26.0 on one H200
+"""Memory admission (components/memory_estimate.py) against real vLLM 0.26.0 on one H200
 (tests/fixtures/real-vllm/vllm-0.26.0.json: the "Available KV cache memory" and "GPU KV cache
 size" lines each run logged), then unit tables of the TP/PP/KV rules.
 
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from lab.gpu import tiny_model
-from spark_vllm import memory_estimate as me
+from spark_vllm.components import memory_estimate as me
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-vllm" / "vllm-0.26.0.json"
 H200 = 143771 << 20  # the fixture header's "NVIDIA H200, 143771 MiB" (nvidia-smi)

@@ -21,8 +21,8 @@ import pytest
 
 from lab import model_gen
 from lab.gpu import tiny_model
-from spark_vllm import memory_estimate as me
-from spark_vllm import node_memory
+from spark_vllm.components import memory_estimate as me
+from spark_vllm.components import node_memory
 
 GiB = me.GiB
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-vllm" / "vllm-0.26.0-qwen35.json"

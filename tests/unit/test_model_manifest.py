@@ -1,4 +1,4 @@
-"""The staging helper (spark_vllm/scripts/model_manifest.py) run as the nodes run it: the real
+"""The staging helper (components/scripts/model_manifest.py) run as the nodes run it: the real
 script, `python3 - MODE …` with its program on stdin, against a Hugging Face cache laid out as
 huggingface_hub lays it out (blobs named by their sha256 / git sha1, relative symlinks)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm.commands import script_text
+from spark_vllm.components.render.commands import script_text
 
 REPO = "org/tiny"
 COMMIT = "1234567890abcdef1234567890abcdef12345678"

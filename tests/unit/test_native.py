@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm import commands as c
-from spark_vllm.backends import native
-from spark_vllm.spec import SpecError
+from spark_vllm.components.render import commands as c
+from spark_vllm.components.render.backends import native
+from spark_vllm.components.spec import SpecError
 from tests.unit.harness import lab_nodes, run, spec_from
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm import preflight_commands
+from spark_vllm.components.render import preflight_commands
 from tests.unit.harness import fake_rsync, spec_from
 
 FAKE_TOOL = r"""#!/bin/sh

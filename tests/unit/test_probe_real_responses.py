@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from spark_vllm.commands import script_text
+from spark_vllm.components.render.commands import script_text
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-vllm" / "vllm-0.26.0.json"
 SERVED = "spark-vllm/tiny-dense"

@@ -1,4 +1,4 @@
-"""The secrets are checked for being secret, not only for being there (spark_vllm.secret_check):
+"""The secrets are checked for being secret, not only for being there (spark_vllm.components.secret_check):
 a plaintext value, an example's placeholder and a key Pulumi's SSH cannot use are refused, each
 naming its key and the command, never the value."""
 
@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_vllm.secret_check import looks_like_placeholder, private_key_problem, secret_problems
+from spark_vllm.components.secret_check import (
+    looks_like_placeholder,
+    private_key_problem,
+    secret_problems,
+)
 
 KEYS = Path(__file__).resolve().parents[1] / "fixtures" / "keys"
 CLEAR = (KEYS / "clear_ed25519").read_text()

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from spark_vllm.spec import OWNED_ENV, SpecError, _Settings, decode_config, parse_spec
+from spark_vllm.components.spec import OWNED_ENV, SpecError, _Settings, decode_config, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_SECRETS = frozenset({"sshPrivateKey"})

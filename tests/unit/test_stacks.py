@@ -15,9 +15,9 @@ import pulumi
 import pytest
 import yaml
 
-from spark_vllm.program import main
-from spark_vllm.secret_check import SECRET_KEYS
-from spark_vllm.spec import ClusterSpec, decode_config, parse_spec
+from spark_vllm.components.program import main
+from spark_vllm.components.secret_check import SECRET_KEYS
+from spark_vllm.components.spec import ClusterSpec, decode_config, parse_spec
 from tests.unit.harness import API_KEY, HF_TOKEN, SECRET_SIG, Mocks, RecordingMonitor, unwrap
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from spark_vllm import commands as c
-from spark_vllm import staging_commands
+from spark_vllm.components.render import commands as c
+from spark_vllm.components.render import staging_commands
 from tests.unit.harness import (
     CMD,
     HF_TOKEN,

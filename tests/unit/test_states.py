@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from spark_vllm import node_memory
+from spark_vllm.components import node_memory
 from spark_vllm.status import classify
 
 

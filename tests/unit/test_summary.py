@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 
 from lab import config
-from spark_vllm import spec, summary
+from spark_vllm import summary
+from spark_vllm.components import spec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "previews"
 KINDS = ("noop", "env", "identity", "image", "vllm-arg", "node-added", "node-removed",

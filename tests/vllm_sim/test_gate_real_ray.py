@@ -1,4 +1,4 @@
-"""The readiness gate (spark_vllm/scripts/ray_gate.py) against a real two-node Ray on loopback.
+"""The readiness gate (components/scripts/ray_gate.py) against a real two-node Ray on loopback.
 
 Run exactly as the gate command runs it on the head: `python3 - PAYLOAD` with the program on
 stdin. It must read Ray's node table without registering a job (a job makes the head's raylet
@@ -14,7 +14,7 @@ import time
 import pytest
 from vsim_harness import HEAD_IP, WORKER_IP, clean_env
 
-from spark_vllm.backends import ray as ray_backend
+from spark_vllm.components.render.backends import ray as ray_backend
 
 pytestmark = pytest.mark.slow
 

@@ -178,9 +178,9 @@ def test_keys_never_logged(server: Serve):
     assert "Route: /invocations, Methods: POST" in out
 
 
-# --- --middleware, as the program uses it (spark_vllm/scripts/spark_vllm_auth.py) ------------
+# --- --middleware, as the program uses it (components/scripts/spark_vllm_auth.py) ------------
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "spark_vllm" / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "components" / "scripts"
 
 
 @pytest.mark.parametrize("mode", [V2, LEGACY], ids=["0.33.0", "0.17.1"])

@@ -18,8 +18,9 @@ from typing import Any
 
 import pulumi
 
-from . import commands, node_memory, staging_commands
+from . import node_memory
 from .node import SparkNode, node_command
+from .render import commands, staging_commands
 from .spec import ClusterSpec
 
 # vLLM flags the estimate reads, and the estimator's argument each one sets

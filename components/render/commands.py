@@ -12,7 +12,10 @@ import shlex
 from collections.abc import Sequence
 from importlib import resources
 
-from .spec import ClusterSpec, NodeSpec
+from ..spec import ClusterSpec, NodeSpec
+
+# the package that holds scripts/ (this module is in its render/)
+_COMPONENTS = __name__.rsplit(".", 2)[0]
 
 HEAD, WORKER, VLLM = "ray-head", "ray-worker", "vllm"
 # backend native: rank 0 with the API server on nodes[0], a headless rank on every other node
@@ -181,7 +184,8 @@ def vllm_serve_args(spec: ClusterSpec, executor: list[str]) -> list[str]:
 
 
 def script_text(name: str) -> str:
-    return resources.files(__package__).joinpath("scripts", name).read_text()
+    """A script that runs on the nodes (components/scripts/), as the program sends it."""
+    return resources.files(_COMPONENTS).joinpath("scripts", name).read_text()
 
 
 def _prelude(spec: ClusterSpec, node: NodeSpec, what: str) -> list[str]:

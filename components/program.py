@@ -14,12 +14,13 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import resource as sdk_resource
 
-from . import backends, commands, hostkeys, node_memory, secret_check
+from . import hostkeys, node_memory, secret_check
 from .image_check import ImageCheck
 from .memory_check import MemoryCheck
 from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
+from .render import backends, commands
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
 from .staging import ModelStaging, ModelStagingArgs
 from .vllm_service import VllmService, VllmServiceArgs

@@ -11,9 +11,9 @@ import json
 import re
 import shlex
 
-from . import ssh
+from .. import ssh
+from ..spec import ClusterSpec, NodeSpec
 from .commands import LABEL, PROGRESS_EVERY_S, _prelude, script_text
-from .spec import ClusterSpec, NodeSpec
 
 MODEL_ROLE = "model"
 # In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the

@@ -7,8 +7,8 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 
+from ..spec import ClusterSpec, NodeSpec
 from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, _prelude, container_name
-from .spec import ClusterSpec, NodeSpec
 
 # Prints "RAY PYTHON VLLM" for an image ("none" for an image without Ray: vLLM dropped it as a
 # dependency, vllm#36170); run once per image id by the preflight. vLLM's own CLI says its

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 
+from ...spec import ClusterSpec, NodeSpec
 from ..commands import (
     _VLLM_ENTRY_SH,
     HEAD,
@@ -26,7 +27,6 @@ from ..commands import (
     start_script,
     vllm_serve_args,
 )
-from ..spec import ClusterSpec, NodeSpec
 
 NAME = "ray"
 # vLLM's own flag for this backend (the rest of `vllm serve` is commands.vllm_serve_args)

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import pulumi
 
-from . import staging_commands
 from .node import SparkNode, node_command
+from .render import staging_commands
 from .spec import ClusterSpec
 
 

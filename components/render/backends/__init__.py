@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ..spec import ClusterSpec
+from ...spec import ClusterSpec
 from . import native, ray
 
 BACKENDS: dict[str, ModuleType] = {ray.NAME: ray, native.NAME: native}

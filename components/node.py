@@ -8,8 +8,8 @@ from typing import Any
 import pulumi
 from pulumi_command import remote
 
-from . import commands, preflight_commands
 from .liveness import ContainerLiveness
+from .render import commands, preflight_commands
 from .spec import SSH_DIALS, ClusterSpec, NodeSpec
 
 

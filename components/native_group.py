@@ -13,8 +13,6 @@ from typing import Any
 
 import pulumi
 
-from . import commands
-from .backends import native
 from .node import (
     SparkNode,
     container_command,
@@ -23,6 +21,8 @@ from .node import (
     liveness_of,
     vllm_stdin_secret,
 )
+from .render import commands
+from .render.backends import native
 from .spec import ClusterSpec
 
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import pulumi
 
-from . import commands
-from .backends import ray
 from .node import SparkNode, container_command, env_facts, env_file_stdin, node_command
+from .render import commands
+from .render.backends import ray
 from .spec import ClusterSpec
 
 

@@ -25,9 +25,9 @@ from typing import Any
 
 import pulumi
 
-from . import commands, staging_commands
 from .liveness import ModelLiveness
 from .node import SparkNode, node_command
+from .render import commands, staging_commands
 from .spec import ClusterSpec
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ipaddress
 import shlex
 
+from ...spec import ClusterSpec, NodeSpec
 from ..commands import (
     _VLLM_ENTRY_SH,
     LEADER,
@@ -34,7 +35,6 @@ from ..commands import (
     start_script,
     vllm_serve_args,
 )
-from ..spec import ClusterSpec, NodeSpec
 
 NAME = "native"
 # where the leader's container finds the API-key middleware (docker cp before it starts; the

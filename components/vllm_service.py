@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import pulumi
 
-from . import commands
-from .backends import ray
 from .node import SparkNode, container_command, env_facts, vllm_stdin_secret
 from .ray_cluster import RayCluster
+from .render import commands
+from .render.backends import ray
 from .spec import ClusterSpec
 
 

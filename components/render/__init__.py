@@ -1,0 +1,2 @@
+"""What the components render: argv lists and POSIX sh scripts, pure (spec in, text out),
+per backend in backends/."""
