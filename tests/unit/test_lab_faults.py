@@ -79,7 +79,8 @@ def test_fake_without_values_fails_like_a_missing_driver(tmp_path):
 
 
 def test_the_programs_memory_check_reads_the_fake(tmp_path):
-    node_memory = pytest.importorskip("spark_vllm.components.node_memory")
+    from spark_vllm.components import node_memory
+
     smi = install_fake(tmp_path, total=122880, free=20480)
     done = subprocess.run(["sh", "-c", node_memory.SCRIPT], capture_output=True, text=True,
                           timeout=10, env={**os.environ, "PATH": f"{smi.parent}:/usr/bin:/bin"})
@@ -197,8 +198,8 @@ def test_the_finder_stops_and_continues_what_it_finds():
 
 
 def test_the_pattern_names_the_simulators_rank_classes():
-    v2 = pytest.importorskip("vllm_sim.ray_executor_v2")
-    legacy = pytest.importorskip("vllm_sim.ray_executor")
+    from vllm_sim import ray_executor as legacy
+    from vllm_sim import ray_executor_v2 as v2
     assert set(faults.RANK_CLASSES) == {v2.RayWorkerProc.__name__, legacy.RaySimWorker.__name__}
 
 
