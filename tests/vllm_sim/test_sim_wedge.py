@@ -40,7 +40,7 @@ TP2 = ["--tensor-parallel-size", "2", "--distributed-executor-backend", "ray"]
 CANARY = {"model": "m", "prompt": "spark-vllm liveness", "max_tokens": 1, "stream": True,
           "temperature": 0}
 FROZEN_S = 5.0  # how long the canary must get nothing
-# ~2 s a request at 8 tokens per step and >= 10 ms per step (api_server.py): still running
+# ~4 s a request at 8 tokens per step and >= 20 ms per step (400 tokens/s, api_server.py): still running
 # when the rank is frozen a second after they were sent
 LONG = {"model": "m", "max_tokens": 1600, "ignore_eos": True,
         "messages": [{"role": "user", "content": "go on"}]}
