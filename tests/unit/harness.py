@@ -8,12 +8,13 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import pulumi
 from google.protobuf.json_format import MessageToDict
 from pulumi.runtime.mocks import MockMonitor
 
-from spark_vllm.components.program import Secrets, deploy
+from spark_vllm.components.program import Secrets, deploy, main
 from spark_vllm.components.spec import ClusterSpec, parse_spec
 
 SECRET_SIG = "4dabf18193072939515e22adb298388d"
@@ -149,3 +150,24 @@ def lab_nodes(n: int) -> list[dict[str, Any]]:
     return [{"name": f"node-{i}", "host": f"10.231.0.{10 + i}", "fabricIp": f"192.168.231.{10 + i}",
              "fabricInterface": f"enp{i}s0f1np1", "ibHca": f"rocep{i}s0f1"}
             for i in range(1, n + 1)]
+
+
+def run_main(config: dict[str, str], secret_keys: list[str], stack: str = "t",
+             ) -> tuple[int | None, list[str], RecordingMonitor]:
+    """The program as `__main__.py` runs it, in a preview under mocks, on `config` (the keys in
+    `secret_keys` marked secret): (exit code, errors it logged, the monitor that saw it)."""
+    mocks = Mocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack=stack, preview=True,
+                             monitor=monitor)
+    pulumi.runtime.set_all_config(config, secret_keys=secret_keys)
+    errors: list[str] = []
+    code = None
+    try:
+        with patch.object(pulumi.log, "error", side_effect=lambda m, *a, **k: errors.append(m)):
+            pulumi.runtime.test(main)()
+    except SystemExit as err:
+        code = int(err.code or 0)
+    finally:
+        pulumi.runtime.set_all_config({}, secret_keys=[])
+    return code, errors, monitor

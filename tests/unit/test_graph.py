@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from unittest.mock import patch
 
 import pulumi
 import pytest
 
-from spark_vllm.components.program import BAIL_EXIT_CODE, Secrets, main
+from spark_vllm.components.program import BAIL_EXIT_CODE, Secrets
 from spark_vllm.components.render import commands as c
 from tests.unit.harness import (
     API_KEY,
@@ -19,12 +18,14 @@ from tests.unit.harness import (
     IMAGE_ID,
     SECRET_SIG,
     SSH_KEY,
-    Mocks,
     RecordingMonitor,
     Registered,
     lab_nodes,
     run,
     spec_from,
+)
+from tests.unit.harness import (
+    run_main as harness_run_main,
 )
 
 
@@ -220,21 +221,7 @@ GOOD_CONFIG = {
 
 def run_main(config: dict[str, str]) -> tuple[int | None, list[str], RecordingMonitor]:
     """The program as `__main__.py` runs it, under mocks: (exit code, errors logged, monitor)."""
-    mocks = Mocks()
-    monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack="t", preview=True,
-                             monitor=monitor)
-    pulumi.runtime.set_all_config(config, secret_keys=["spark-vllm:sshPrivateKey"])
-    errors: list[str] = []
-    code = None
-    try:
-        with patch.object(pulumi.log, "error", side_effect=lambda m, *a, **k: errors.append(m)):
-            pulumi.runtime.test(main)()
-    except SystemExit as err:
-        code = int(err.code or 0)
-    finally:
-        pulumi.runtime.set_all_config({}, secret_keys=[])
-    return code, errors, monitor
+    return harness_run_main(config, secret_keys=["spark-vllm:sshPrivateKey"])
 
 
 def test_bad_config_is_one_error_and_no_resource() -> None:

@@ -9,16 +9,13 @@ import fnmatch
 import json
 from pathlib import Path
 from typing import Any
-from unittest.mock import patch
 
-import pulumi
 import pytest
 import yaml
 
-from spark_vllm.components.program import main
 from spark_vllm.components.secret_check import SECRET_KEYS
 from spark_vllm.components.spec import ClusterSpec, decode_config, parse_spec
-from tests.unit.harness import API_KEY, HF_TOKEN, SECRET_SIG, Mocks, RecordingMonitor, unwrap
+from tests.unit.harness import API_KEY, HF_TOKEN, SECRET_SIG, run_main, unwrap
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = ROOT / "stacks"
@@ -101,22 +98,10 @@ def preview(path: Path) -> tuple[int | None, list[str], dict[str, Any]]:
     config and stand-in secrets: (exit code, errors logged, registered inputs by name)."""
     from google.protobuf.json_format import MessageToDict
 
-    mocks = Mocks()
-    monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack=stack_name(path), preview=True,
-                             monitor=monitor)
     secrets = {"spark-vllm:sshPrivateKey": SSH_KEY, "spark-vllm:hfToken": HF_TOKEN,
                "spark-vllm:apiKey": API_KEY}
-    pulumi.runtime.set_all_config({**flat_config(path), **secrets}, secret_keys=list(secrets))
-    errors: list[str] = []
-    code = None
-    try:
-        with patch.object(pulumi.log, "error", side_effect=lambda m, *a, **k: errors.append(m)):
-            pulumi.runtime.test(main)()
-    except SystemExit as err:
-        code = int(err.code or 0)
-    finally:
-        pulumi.runtime.set_all_config({}, secret_keys=[])
+    code, errors, monitor = run_main({**flat_config(path), **secrets}, list(secrets),
+                                     stack=stack_name(path))
     return code, errors, {name: MessageToDict(req.object)
                           for name, req in monitor.requests.items()}
 
