@@ -315,6 +315,48 @@ def fact_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return causes
 
 
+# memory_check.py `payload`: its keys as the config (or vLLM, for a flag) names them
+_MEMORY_FACTS = {"model": "model", "revision": "modelRevision", "hf": "hfCache",
+                 "tp": "tensorParallelSize", "pp": "pipelineParallelSize",
+                 "utilization": "--gpu-memory-utilization"}
+_MEMORY_NODE = {"ip": "identityIp", "user": "user", "port": "port", "hostKey": "hostKey"}
+
+
+def memory_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The memory check's facts in config terms: the nodes by name (as the image check's), a
+    node's changed field by its node, a vLLM flag as vLLM spells it. Its `nodes` are objects:
+    shown whole, the change would be cut off past MAX_VALUE."""
+    def by_name(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        nodes = facts.get("nodes")
+        return {str(n.get("name")): n for n in nodes if isinstance(n, dict)} \
+            if isinstance(nodes, list) else {}
+
+    causes: list[str] = []
+    old_nodes, new_nodes = by_name(old), by_name(new)
+    if list(old_nodes) != list(new_nodes):
+        causes.append(_change("nodes", list(old_nodes), list(new_nodes)))
+    for name in (n for n in new_nodes if n in old_nodes):
+        was, now = old_nodes[name], new_nodes[name]
+        causes += [_change(f"nodes[{name}].{_MEMORY_NODE.get(k, k)}", was.get(k), now.get(k))
+                   for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+    for key, label in _MEMORY_FACTS.items():
+        if old.get(key) != new.get(key):
+            causes.append(_change(label, old.get(key), new.get(key)))
+    if bool(old.get("autoLength")) != bool(new.get("autoLength")):
+        causes.append(_change("maxModelLen", "auto" if old.get("autoLength") else "(not auto)",
+                              "auto" if new.get("autoLength") else "(not auto)"))
+    old_flags, new_flags = (f if isinstance(f := facts.get("flags"), dict) else {}
+                            for facts in (old, new))
+    for key in sorted(old_flags.keys() | new_flags.keys()):  # memory_check.py FLAGS
+        if old_flags.get(key) != new_flags.get(key):
+            causes.append(_change("--" + key.replace("_", "-"), old_flags.get(key),
+                                  new_flags.get(key)))
+    said = {"nodes", "autoLength", "flags", *_MEMORY_FACTS}
+    causes += [_change(k, old.get(k), new.get(k))
+               for k in sorted((old.keys() | new.keys()) - said) if old.get(k) != new.get(k)]
+    return causes
+
+
 def _env_causes(old: dict[str, Any], new: dict[str, Any], already: list[str]) -> list[str]:
     out: list[str] = []
     for key in sorted(old.keys() | new.keys()):
@@ -349,6 +391,14 @@ def _link_label(key: str) -> str:
     return key
 
 
+def _member(key: str) -> str:
+    """The native group's `liveness@<member>` link of a member added or removed as the member's
+    own link (`rank@<node>`): its liveness was not seen dead, it is new or gone."""
+    if key.startswith("liveness@vllm-rank-"):
+        return f"rank@{key.removeprefix('liveness@vllm-rank-')}"
+    return "rank0Script" if key == "liveness@vllm-leader" else key
+
+
 def _link_order(key: str) -> tuple[int, str]:
     return ({"rayHead": 0, "gate": 2, "liveness": 3}.get(key, 1), key)
 
@@ -365,10 +415,9 @@ def link_causes(old: dict[str, Any], new: dict[str, Any], dead: str | None,
             continue
         if key == "liveness":
             died.append(f"{seen} {dead}" if dead else "its liveness check is replaced")
-        elif key not in old:
-            moved.append(f"{_link_label(key)} added")
-        elif key not in new:
-            moved.append(f"{_link_label(key)} removed")
+        elif key not in old or key not in new:  # a member of the native group: by its rank
+            said = f"{_link_label(_member(key))} {'added' if key not in old else 'removed'}"
+            moved += [said] if said not in moved else []
         else:
             cascade.append(_link_label(key))
     if len(cascade) > 1 and "the gate" in cascade:
@@ -379,6 +428,11 @@ def link_causes(old: dict[str, Any], new: dict[str, Any], dead: str | None,
 def _because(items: list[str]) -> str:
     said = items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
     return f"replaced because {said} {'is' if len(items) == 1 else 'are'}"
+
+
+# native_group.py: a headless rank's triggers hold a secret digest of rank 0's stdin (the
+# apiKey and hfToken); the engine names the path it differs at, the values are both "[secret]"
+_RANK0_STDIN = re.compile(r"\brank0Stdin\b")
 
 
 def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
@@ -400,8 +454,10 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
     died, moved, cascade = link_causes(old_links, new_links, dead, seen)
     if dead and not died:
         died.append(f"{seen} {dead}")
-    causes = [*died, *fact_causes(old_facts, new_facts)]
-    if "stdin" in res.changed and role not in (IMAGES, MEMORY):
+    facts = memory_causes if role == MEMORY else fact_causes
+    causes = [*died, *facts(old_facts, new_facts)]
+    if ("stdin" in res.changed or any(_RANK0_STDIN.search(k) for k in res.changed)) \
+            and role not in (IMAGES, MEMORY):
         causes.append(SECRET_STDIN)
     elif "stdin" in res.changed and not causes and role == MEMORY:  # the key, its program
         causes.append("its program (an upgrade of spark-vllm) or the SSH key changed")
@@ -578,6 +634,11 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
 
+def _ranks_stop(nodes: list[str]) -> str:
+    return (f"vLLM's headless rank{'s stop' if len(nodes) > 1 else ' stops'} on "
+            f"{', '.join(nodes)}")
+
+
 def headline(s: Summary, markdown: bool = False) -> str:
     """One line: what restarts, loudest first."""
     def loud(text: str) -> str:
@@ -595,14 +656,21 @@ def headline(s: Summary, markdown: bool = False) -> str:
     if switch := s.backend_switch:
         parts.insert(0, loud(f"The backend changes from {switch[0]} to {switch[1]}")
                      + ": every container is replaced, the old ones stopped on every node first")
-    if ranks := s.rank_nodes(REPLACE, CREATE):
-        parts.append(f"vLLM's headless ranks restart on {', '.join(ranks)} (no Ray)")
+    ranks: list[str] = []  # a new node's rank starts (as a Ray worker does): it never ran
+    if restarted_ranks := s.rank_nodes(REPLACE):
+        ranks.append(f"vLLM's headless ranks restart on {', '.join(restarted_ranks)}")
+    if new_ranks := s.rank_nodes(CREATE):
+        ranks.append(f"vLLM's headless rank{'s start' if len(new_ranks) > 1 else ' starts'} on "
+                     f"{', '.join(new_ranks)}")
+    parts += [f"{ranks[0]} (no Ray)", *ranks[1:]] if ranks else []
     if restarted := s.ray_nodes(REPLACE):
         parts.append(f"Ray restarts on {_count(len(restarted), 'node')}")
     if started := s.ray_nodes(CREATE):
         parts.append(f"Ray starts on {', '.join(started)}")
     if stopped := s.ray_nodes(DELETE):
         parts.append(f"Ray stops on {', '.join(stopped)}")
+    if gone := s.rank_nodes(DELETE):
+        parts.append(_ranks_stop(gone))
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
         parts.append(f"the model is copied to {', '.join(copies)}")
     elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
@@ -635,6 +703,8 @@ def what_restarts(s: Summary) -> str:
     line += f"; vLLM: {_VLLM_SAYS.get(v.action, 'yes') if v else 'no'}."
     if stopped := s.ray_nodes(DELETE):
         line += f" Ray stops on {', '.join(stopped)}."
+    if gone := s.rank_nodes(DELETE):
+        line += f" {_ranks_stop(gone)}."
     if switch := s.backend_switch:
         line += (f" The backend changes from {switch[0]} to {switch[1]}: each node's preflight "
                  f"stops the {switch[0]} backend's containers there before any new one starts.")
@@ -645,7 +715,7 @@ def what_restarts(s: Summary) -> str:
     return line
 
 
-_CONFIG_CHANGE = re.compile(r"^[A-Za-z][\w.@\[\]-]*: ")
+_CONFIG_CHANGE = re.compile(r"^(?:--)?[A-Za-z][\w.@\[\]-]*: ")  # a key or a vLLM flag
 
 
 def _md_cell(text: str, code: bool = False) -> str:
