@@ -53,6 +53,8 @@ CACHE_ENV = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
              "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR")
 
 # vLLM flags the program derives from the spec; repeating them in vllmArgs would contradict it.
+# Each with every short alias vLLM gives it (vLLM 0.33.0's `vllm serve` flags, the table in
+# lab/vllm_sim/vllm_sim/serve_flags_0_33_0.txt; tests/unit/test_spec.py holds the two together).
 OWNED_VLLM_FLAGS = {
     "--tensor-parallel-size": "tensorParallelSize",
     "-tp": "tensorParallelSize",
@@ -61,7 +63,9 @@ OWNED_VLLM_FLAGS = {
     "--distributed-executor-backend": "backend",
     # vLLM's native multi-node (backend: native): the program gives each node its rank
     "--nnodes": "backend and nodes",
+    "-n": "backend and nodes",
     "--node-rank": "backend and nodes",
+    "-r": "backend and nodes",
     "--master-addr": "backend (nodes[0]'s identity IP)",
     "--master-port": "masterPort",
     "--headless": "backend (every node but nodes[0])",
@@ -70,11 +74,17 @@ OWNED_VLLM_FLAGS = {
     "--data-parallel-size": "(one engine: tensorParallelSize × pipelineParallelSize)",
     "-dp": "(one engine: tensorParallelSize × pipelineParallelSize)",
     "--data-parallel-rank": "(one engine)",
+    "-dpn": "(one engine)",
     "--data-parallel-start-rank": "(one engine)",
+    "-dpr": "(one engine)",
     "--data-parallel-size-local": "(one engine)",
+    "-dpl": "(one engine)",
     "--data-parallel-address": "(one engine)",
+    "-dpa": "(one engine)",
     "--data-parallel-rpc-port": "(one engine)",
+    "-dpp": "(one engine)",
     "--data-parallel-backend": "(one engine)",
+    "-dpb": "(one engine)",
     "--host": "apiHost",
     "--port": "port",
     "--served-model-name": "servedModelName",
@@ -84,7 +94,14 @@ OWNED_VLLM_FLAGS = {
 
 _NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 _IFACE_RE = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including the NUL
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: $ would let "A\n" through
+# Control characters (Unicode Cc: C0, DEL, C1) but tab, refused in vllmArgs and env: NUL cannot
+# be in an argv or an environment at all (C strings: cut short, or the run fails), and the rest
+# would reach the operator's terminal raw in the rendered `docker run` that Pulumi's diffs and
+# errors show (a CR or an ESC sequence rewrites what is displayed, a newline splits one argument
+# over lines) and could not go into a KEY=value-a-line env-file. A tab is plain whitespace: it
+# survives the quoting, displays as itself, and a JSON value or a template may hold one.
+_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 # huggingface_hub's repo id: namespace/name, each [\w.-] without "--" or ".." (validators.py)
 _HF_REPO_RE = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}$")
 
@@ -111,7 +128,7 @@ class NodeSpec(_Strict):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not re.match(_NAME_RE, v):
+        if not re.fullmatch(_NAME_RE, v):
             raise ValueError(
                 f"{v!r} must be 1-40 of [a-z0-9-], starting and ending with a letter or digit"
             )
@@ -300,10 +317,24 @@ class SpecError(ValueError):
         )
 
 
+def _printable(text: str) -> str:
+    """`text` with its control characters escaped (`\\n`), so a problem stays one line."""
+    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], text)
+
+
+def _control_problem(path: str, text: str) -> str | None:
+    m = _CONTROL_RE.search(text)
+    if m is None:
+        return None
+    return (f"{path}: contains control character {m.group()!r}; write it on one line of plain "
+            "text (tab is fine)")
+
+
 def _path(prefix: str, loc: tuple[Any, ...]) -> str:
     out = prefix
     for part in loc:  # pydantic reports the alias (camelCase) the user wrote
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + str(part)
+        name = _printable(str(part))
+        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + name
     return out
 
 
@@ -336,6 +367,19 @@ def _node_problems(i: int, node: NodeSpec) -> list[str]:
     return out
 
 
+def _address(text: str) -> str:
+    """A host as compared: an IP literal as its address (`FD00:0::1` is `fd00::1`, an
+    IPv4-mapped IPv6 its IPv4), a name without case, surrounding whitespace or the root's dot."""
+    text = text.strip().lower()
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return text.rstrip(".") or text
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        return str(ip.ipv4_mapped)
+    return ip.compressed
+
+
 def _cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
     out = []
     seen: dict[str, int] = {}
@@ -343,10 +387,19 @@ def _cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
         if n.name in seen:
             out.append(f"nodes[{i}].name: {n.name!r} already used by nodes[{seen[n.name]}]")
         seen.setdefault(n.name, i)
+    # one SSH endpoint is one machine: two nodes there would share its containers and GPUs
+    endpoints: dict[tuple[str, int], int] = {}
+    for i, n in enumerate(nodes):
+        host = _address(n.host)
+        if (host, n.port) in endpoints:
+            shown = f"[{host}]" if ":" in host else host
+            out.append(f"nodes[{i}].host: same SSH endpoint as nodes[{endpoints[host, n.port]}] "
+                       f"({_printable(shown)}:{n.port}); each node needs its own")
+        endpoints.setdefault((host, n.port), i)
     idents: dict[str, int] = {}
     for i, n in enumerate(nodes):
         field = "fabricIp" if n.fabric_ip else "host"
-        ident = n.identity_ip
+        ident = _address(n.identity_ip)
         if ident in idents:
             out.append(
                 f"nodes[{i}].{field}: identity {ident} already used by nodes[{idents[ident]}]; "
@@ -382,6 +435,7 @@ def _settings_problems(s: _Settings) -> list[str]:
         out.append(f"port: {s.port} is also masterPort; the API server and rank 0's rendezvous "
                    "need their own")
     for key in s.env:
+        shown = _printable(key)
         if key in STAGING_ENV and s.model_staging != "none":
             out.append(f"env.{key}: set by the program while modelStaging is "
                        f"{s.model_staging}; remove it from env (or set modelStaging: none)")
@@ -390,11 +444,11 @@ def _settings_problems(s: _Settings) -> list[str]:
                        "remove it from env (or set compileCache: none)")
         elif key in OWNED_ENV:
             out.append(f"env.{key}: set by the program from {OWNED_ENV[key]}; remove it from env")
-        elif not _ENV_KEY_RE.match(key):
-            out.append(f"env.{key}: not a valid environment variable name")
+        elif not _ENV_KEY_RE.fullmatch(key):
+            out.append(f"env.{shown}: not a valid environment variable name")
     for key, value in s.env.items():
-        if "\n" in str(value) or "\0" in str(value):
-            out.append(f"env.{key}: value must be one line")
+        if problem := _control_problem(f"env.{_printable(key)}", str(value)):
+            out.append(problem)
     if s.model_staging != "none" and not _HF_REPO_RE.match(s.model):
         out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
                    f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
@@ -402,12 +456,20 @@ def _settings_problems(s: _Settings) -> list[str]:
     if isinstance(s.max_model_len, int) and not 16 <= s.max_model_len <= 10**8:
         out.append(f"maxModelLen: {s.max_model_len} is not a context length (16 or more)")
     for j, arg in enumerate(s.vllm_args):
-        spelled = arg.split("=", 1)[0]
+        if problem := _control_problem(f"vllmArgs[{j}]", arg):
+            out.append(problem)
+        spelled = _printable(arg.split("=", 1)[0])
         if s.max_model_len is not None and owned_vllm_flags(arg, ("--max-model-len",)):
             out.append(f"vllmArgs[{j}]: --max-model-len is set by the program from maxModelLen "
                        "(remove one of them)")
-        for flag in owned_vllm_flags(arg):
-            read_as = "" if flag == spelled else f" (vLLM reads {spelled} as {flag})"
+        flags = owned_vllm_flags(arg)
+        for flag in flags:
+            if flag == spelled:
+                read_as = ""
+            elif len(flags) == 1:
+                read_as = f" (vLLM reads {spelled} as {flag})"
+            else:  # ambiguous to vLLM's parser too (it exits); each owned flag is named
+                read_as = f" ({spelled} abbreviates it, among others)"
             out.append(f"vllmArgs[{j}]: {flag} is set by the program from "
                        f"{OWNED_VLLM_FLAGS[flag]}{read_as}")
     return out
@@ -417,18 +479,33 @@ def owned_vllm_flags(arg: str, owned: Sequence[str] = tuple(OWNED_VLLM_FLAGS)) -
     """The program-owned flags `arg` may stand for, as `vllm serve` parses it.
 
     vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) reads `_` as `-` in a long
-    flag's name (up to its first `.`, the JSON-path separator), and argparse's allow_abbrev
-    takes any unique prefix of a long flag: `--tensor_parallel_size=2` and `--tensor-parallel 2`
-    both set tensor_parallel_size. A prefix of two owned flags (`--p`) is ambiguous to vLLM
-    too (it exits); both are named. Short aliases (`-tp`, `-pp`) match exactly.
+    flag's name (up to its first `.`, the JSON-path separator; `-x.a` is `-x` too), then plain
+    argparse with allow_abbrev (vLLM never turns it off):
+    - an exact option string is itself, before any abbreviation (`-dp` is not `-dpl`);
+    - any prefix of a long flag stands for it: `--tensor_parallel_size=2`, `--tensor-parallel`;
+    - any prefix of a single-dash alias too: vLLM 0.26.0 (Python 3.12) read `-t 4` as
+      `-tp 4`; recent argparse also splits `-t=4` at its `=` first (3.11's leaves it unknown);
+    - a one-letter alias takes its value attached: `-n2` is `-n 2`, `-rX` is `-r X`.
+    What this cannot know: the other flags of the vLLM in the image. A prefix shared with a
+    flag that is not owned (`--p`: --pipeline-parallel-size, --port, --prefix-caching-hash-algo
+    …; `-d`: -dp, -dcp …) is ambiguous to argparse, which exits: it is refused here too, naming
+    every owned flag it could be, so that an image whose vLLM lacks the other flag, where it
+    would resolve, is covered. A non-owned flag that equals a prefix of an owned one would be
+    refused wrongly; vLLM 0.33.0 has none (tests/unit/test_spec.py checks its whole table).
     """
-    name = arg.split("=", 1)[0]
-    if not name.startswith("--"):
-        return [name] if name in owned else []
-    name = "--" + name[2:].split(".", 1)[0].replace("_", "-")
-    if name == "--":
+    name = arg.split("=", 1)[0].split(".", 1)[0]
+    if name.startswith("--"):
+        name = name.replace("_", "-")
+        candidates = [f for f in owned if f.startswith("--")]
+        if name == "--":
+            return []
+    elif name.startswith("-") and len(name) > 1:
+        candidates = [f for f in owned if not f.startswith("--")]
+    else:
         return []
-    return [f for f in owned if f.startswith("--") and f.startswith(name)]
+    if name in candidates:
+        return [name]
+    return [f for f in candidates if f.startswith(name) or (len(f) == 2 and name.startswith(f))]
 
 
 def parse_spec(

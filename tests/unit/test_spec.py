@@ -260,3 +260,162 @@ def test_staging_needs_a_repo_id_and_owns_hf_hub_offline() -> None:
     with pytest.raises(SpecError, match=r"vllmArgs\[0\]: --revision is set by the program from "
                                         "modelRevision"):
         parse_spec({**good(), "vllmArgs": ["--revision=abc"]}, "s", ALL_SECRETS)
+
+
+# --- issue 34, item 4: three kinds of bad config that used to pass ---------------------------
+
+def refused(mutate: Any) -> list[str]:
+    found = problems(mutate)
+    assert all("\n" not in p for p in found), found  # one line per problem, whatever the input
+    return found
+
+
+@pytest.mark.parametrize("arg,message", [
+    # a prefix of a single-dash alias: argparse's abbreviation (vLLM 0.26.0 read `-t 4` as -tp 4)
+    ("-t", "-tp is set by the program from tensorParallelSize (vLLM reads -t as -tp)"),
+    ("-t=4", "-tp is set by the program from tensorParallelSize (vLLM reads -t as -tp)"),
+    # the owned flags' own short aliases (vLLM 0.33.0's flag table)
+    ("-n", "-n is set by the program from backend and nodes"),
+    ("-r=1", "-r is set by the program from backend and nodes"),
+    ("-dpl", "-dpl is set by the program from (one engine)"),
+    ("-dpa", "-dpa is set by the program from (one engine)"),
+    ("-dpn", "-dpn is set by the program from (one engine)"),
+    ("-dpr", "-dpr is set by the program from (one engine)"),
+    ("-dpp=5555", "-dpp is set by the program from (one engine)"),
+    ("-dpb", "-dpb is set by the program from (one engine)"),
+    # a one-letter alias takes its value attached: -n2 is --nnodes 2
+    ("-n2", "-n is set by the program from backend and nodes (vLLM reads -n2 as -n)"),
+    ("-r1", "-r is set by the program from backend and nodes (vLLM reads -r1 as -r)"),
+    # long prefixes, with underscores
+    ("--tensor-parallel", "--tensor-parallel-size is set by the program from tensorParallelSize"),
+    ("--tensor_parallel_s", "--tensor-parallel-size is set by the program from tensorParallelSize"),
+])
+def test_vllm_args_that_vllm_expands_to_an_owned_flag_are_refused(arg: str, message: str) -> None:
+    found = refused(lambda r: r.update(vllmArgs=["--enforce-eager", arg, "4"]))
+    assert any(p.startswith(f"vllmArgs[1]: {message}") for p in found), found
+
+
+def test_an_exact_owned_flag_is_read_as_itself_not_as_a_longer_one() -> None:
+    # argparse takes an exact option string before any abbreviation: --data-parallel-size and
+    # -dp are not --data-parallel-size-local / -dpl
+    found = refused(lambda r: r.update(vllmArgs=["--data-parallel-size", "2", "-dp", "2"]))
+    assert found == ["vllmArgs[0]: --data-parallel-size is set by the program from (one engine: "
+                     "tensorParallelSize × pipelineParallelSize)",
+                     "vllmArgs[2]: -dp is set by the program from (one engine: "
+                     "tensorParallelSize × pipelineParallelSize)"], found
+
+
+def _serve_parser() -> Any:
+    """`vllm serve`'s options as vLLM 0.33.0 declares them (the lab's flag table), in argparse."""
+    import argparse
+
+    from vllm_sim.serve_flags import add_serve_arguments
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> Any:  # ambiguous: vLLM exits; nothing to refuse
+            raise ValueError(message)
+
+    parser = Parser(prog="vllm serve")
+    add_serve_arguments(parser)
+    return parser
+
+
+def _argparse_reads(parser: Any, token: str) -> Any:
+    """The action argparse takes `token` for (after vLLM's own rewriting), or None."""
+    from vllm_sim.serve_flags import flexible_argv
+
+    try:
+        found = parser._parse_optional(flexible_argv([token])[0])
+    except ValueError:
+        return None
+    if isinstance(found, list):  # Python >= 3.12.7: a list of candidates
+        found = found[0] if len(found) == 1 else None
+    return found[0] if found else None
+
+
+def test_every_spelling_argparse_reads_as_an_owned_flag_is_refused_and_no_other() -> None:
+    from vllm_sim.serve_flags import load_flag_table
+
+    from spark_vllm.components.spec import OWNED_VLLM_FLAGS, owned_vllm_flags
+
+    parser = _serve_parser()
+    table = load_flag_table()
+    owned_rows = [opts for opts, _ in table if set(opts) & set(OWNED_VLLM_FLAGS)]
+    # every alias vLLM gives an owned flag is owned too (-n, -r, -dpl … were not)
+    assert sorted(o for opts in owned_rows for o in opts) == sorted(OWNED_VLLM_FLAGS)
+    tokens = set()
+    for opts in owned_rows:
+        for o in opts:
+            start = 3 if o.startswith("--") else 2
+            for k in range(start, len(o) + 1):
+                p = o[:k]
+                tokens |= {p, p + "=4", p.replace("-", "_").replace("__", "--", 1)}
+            if len(o) == 2:
+                tokens |= {o + "4", o + "x"}
+    tokens |= {o for opts, _ in table for o in opts} | {o + "=1" for opts, _ in table for o in opts}
+    misread = []
+    for token in sorted(tokens):
+        action = _argparse_reads(parser, token)
+        if action is None or not action.option_strings:
+            continue
+        said = owned_vllm_flags(token)
+        if set(action.option_strings) & set(OWNED_VLLM_FLAGS):
+            if not said or not set(said) <= set(action.option_strings):
+                misread.append((token, action.option_strings, said))
+        elif said:
+            misread.append((token, action.option_strings, said))
+    assert not misread, misread
+
+
+def test_two_nodes_on_one_ssh_endpoint_are_refused() -> None:
+    found = refused(set_node(1, host="10.1.230.180"))
+    assert found == ["nodes[1].host: same SSH endpoint as nodes[0] (10.1.230.180:22); "
+                     "each node needs its own"], found
+    # case and whitespace of a name, the default port written out
+    found = refused(lambda r: (r["nodes"][0].update(host="Spark-A.lan"),
+                               r["nodes"][1].update(host=" spark-a.lan ", port=22)))
+    assert found == ["nodes[1].host: same SSH endpoint as nodes[0] (spark-a.lan:22); "
+                     "each node needs its own"], found
+    # an IPv6 literal compared as an address
+    found = refused(lambda r: (r["nodes"][0].update(host="fd00::1", port=2222),
+                               r["nodes"][1].update(host="FD00:0:0::1", port=2222)))
+    assert found == ["nodes[1].host: same SSH endpoint as nodes[0] ([fd00::1]:2222); "
+                     "each node needs its own"], found
+    # another port of the same host is another endpoint (a forwarded port, a container)
+    raw = good()
+    raw["nodes"][1].update(host="10.1.230.180", port=2222)
+    parse_spec(raw, "t", ALL_SECRETS)
+
+
+def test_two_nodes_with_one_identity_address_are_refused() -> None:
+    found = refused(lambda r: (r["nodes"][0].update(fabricIp="fd00::c"),
+                               r["nodes"][1].update(fabricIp="FD00:0::C")))
+    assert found == ["nodes[1].fabricIp: identity fd00::c already used by nodes[0]; vLLM "
+                     "requires a unique IP per node"], found
+
+
+@pytest.mark.parametrize("mutate,expected", [
+    (lambda r: r.update(vllmArgs=["--max-model-len", "8", "--chat-template", "a\nb"]),
+     "vllmArgs[3]: contains control character '\\n'"),
+    (lambda r: r.update(vllmArgs=["--chat-template", "a\x00b"]),
+     "vllmArgs[1]: contains control character '\\x00'"),
+    (lambda r: r.update(vllmArgs=["--enforce-eager\r"]),
+     "vllmArgs[0]: contains control character '\\r'"),
+    (lambda r: r.update(env={"FOO": "a\rb"}), "env.FOO: contains control character '\\r'"),
+    (lambda r: r.update(env={"FOO": "\x1b[2Jx"}), "env.FOO: contains control character '\\x1b'"),
+    (lambda r: r.update(env={"FOO": "x\x7f"}), "env.FOO: contains control character '\\x7f'"),
+    (lambda r: r.update(env={"FOO": "one\ntwo"}), "env.FOO: contains control character '\\n'"),
+    # a key: a name never holds one (re.match's $ let "NCCL_DEBUG\n" through)
+    (lambda r: r.update(env={"NCCL_DEBUG\n": "INFO"}),
+     "env.NCCL_DEBUG\\n: not a valid environment variable name"),
+])
+def test_control_characters_in_vllm_args_and_env_are_refused(mutate: Any, expected: str) -> None:
+    found = refused(mutate)
+    assert any(p.startswith(expected) for p in found), found
+
+
+def test_a_tab_is_not_a_control_character_here() -> None:
+    raw = good()
+    raw.update(env={"FOO": "a\tb"}, vllmArgs=["--chat-template", "{{ x }}\t{{ y }}"])
+    spec = parse_spec(raw, "t", ALL_SECRETS)
+    assert spec.user_env == {"FOO": "a\tb"} and spec.vllm_args[1] == "{{ x }}\t{{ y }}"
