@@ -4,7 +4,7 @@
 #   BIN=$(lab/tools.sh | tail -1)
 #
 # Every part comes from a package registry or from this repository; nothing is built from
-# copied upstream source (docs/development.md, "The engine").
+# copied upstream source (docs/development.md, "The Pulumi engine").
 #
 # 1. An installed engine when there is one (an operator's machine with the official CLI):
 #    `pulumi` on PATH at >= the Python SDK pin (requirements.txt) with the official language host
