@@ -3,9 +3,10 @@
 - A table per module (tests, seconds with setup and teardown, share of the run) and the
   slowest tests, so the next addition shows its cost (written to `.lab/timing.json` too).
 - A budget: CI's hard limit is 90 minutes for everything (`.ci/run`), so the suite alone may
-  take SPARK_VLLM_SUITE_BUDGET_S (default 3000 s: 50 min). Past it, the run stops before the
-  next test with the modules that took the time named, instead of running into CI's kill with
-  nothing said. 0 turns the check off.
+  take SPARK_VLLM_SUITE_BUDGET_S (default 3300 s: 55 min; the goal is 50, and the suite took
+  2751 s on 2026-12-02: the default leaves a slow machine its margin until the suite is well
+  under it). Past it, the run stops before the next test with the modules that took the time
+  named, instead of running into CI's kill with nothing said. 0 turns the check off.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-BUDGET_S = float(os.environ.get("SPARK_VLLM_SUITE_BUDGET_S", "3000"))
+BUDGET_S = float(os.environ.get("SPARK_VLLM_SUITE_BUDGET_S", "3300"))
 SLOWEST = 15
 
 _start = time.monotonic()
