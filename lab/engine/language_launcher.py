@@ -33,6 +33,7 @@ virtualenv (uv, poetry), Python policy packs. Each answers UNIMPLEMENTED with th
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
@@ -54,14 +55,15 @@ NOT_HERE = "not served by spark-vllm's lab language launcher (the official pulum
 
 
 def required_packages() -> list[tuple[str, str, str]]:
-    """(kind, name, version) of every plugin an installed provider SDK declares it needs."""
+    """(kind, name, version) of every plugin an installed provider SDK declares it needs: the
+    `pulumi-plugin.json` at the top of its package (pulumi_command/pulumi-plugin.json). Asked
+    on every preview: a glob of the import path, not a read of every distribution's RECORD."""
     found = set()
-    for dist in metadata.distributions():
-        for f in dist.files or ():
-            if f.name != "pulumi-plugin.json":
-                continue
+    for entry in filter(os.path.isdir, sys.path):
+        for path in glob.glob(os.path.join(entry, "*", "pulumi-plugin.json")):
             try:
-                info = json.loads(f.read_text() or "{}")
+                with open(path) as f:
+                    info = json.load(f)
             except (OSError, ValueError):
                 continue
             if info.get("resource") and info.get("name"):
