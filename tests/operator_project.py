@@ -17,14 +17,20 @@ CLI = Path(sys.executable).parent / "spark-vllm"
 PASSPHRASE = "operator-passphrase"
 
 
+def use_venv(project: Path, venv: Path) -> None:
+    """The project's Pulumi.yaml runs the program in `venv` (instead of the `venv/` that
+    `pulumi install` would make from requirements.txt)."""
+    doc = yaml.safe_load((project / "Pulumi.yaml").read_text())
+    doc["runtime"]["options"]["virtualenv"] = str(venv)
+    (project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
 def make(root: Path) -> tuple[Path, dict[str, str], str]:
     """(project dir, the env pulumi runs with, what `init` printed)."""
     proj = root / "sparks"
     out = subprocess.run([str(CLI), "init", str(proj)], capture_output=True, text=True,
                          timeout=60, check=True).stdout
-    doc = yaml.safe_load((proj / "Pulumi.yaml").read_text())
-    doc["runtime"]["options"]["virtualenv"] = str(Path(sys.executable).parents[1])
-    (proj / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    use_venv(proj, Path(sys.executable).parents[1])
     (root / "state").mkdir()
     env = {**os.environ, **{k: v for k, v in envsh.sourced().items()
                             if k.startswith(("PATH", "PULUMI_"))},

@@ -63,6 +63,16 @@ def pulumi(cwd: Path, env: dict[str, str], *args: str,
     return proc
 
 
+def preview_ending(d: Path, env: dict[str, str], end: str) -> subprocess.CompletedProcess[str]:
+    """`pulumi preview` of the program made to end as `end` says (bail: exit 32 after its own
+    error; crash: exit 7), the config put back after."""
+    pulumi(d, env, "config", "set", "t:end", end)
+    try:
+        return pulumi(d, env, "preview", check=False)
+    finally:
+        pulumi(d, env, "config", "rm", "t:end")
+
+
 def test_the_program_runs_in_the_project_venv_with_its_config_and_secret_flags(
         project: tuple[Path, dict[str, str]]) -> None:
     d, env = project
@@ -76,12 +86,7 @@ def test_the_program_runs_in_the_project_venv_with_its_config_and_secret_flags(
 
 def test_exit_32_is_the_programs_own_error_and_nothing_more(
         project: tuple[Path, dict[str, str]]) -> None:
-    d, env = project
-    pulumi(d, env, "config", "set", "t:end", "bail")
-    try:
-        proc = pulumi(d, env, "preview", check=False)
-    finally:
-        pulumi(d, env, "config", "rm", "t:end")
+    proc = preview_ending(*project, "bail")
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0
     # the diagnostics hold the program's error and no second one from the host or engine
@@ -91,12 +96,7 @@ def test_exit_32_is_the_programs_own_error_and_nothing_more(
 
 
 def test_another_exit_code_is_named(project: tuple[Path, dict[str, str]]) -> None:
-    d, env = project
-    pulumi(d, env, "config", "set", "t:end", "crash")
-    try:
-        proc = pulumi(d, env, "preview", check=False)
-    finally:
-        pulumi(d, env, "config", "rm", "t:end")
+    proc = preview_ending(*project, "crash")
     assert proc.returncode != 0
     assert "program exited with non-zero exit code: 7" in proc.stdout + proc.stderr
 

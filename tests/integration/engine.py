@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -249,9 +251,6 @@ def read_until(proc: subprocess.Popen[str], stop: Any, deadline_s: float) -> lis
     """Lines of `proc`'s stdout until `stop(line)` is true, within `deadline_s`: a reader that
     cannot hang the suite (the watcher under test may never print what a test waits for). On
     the deadline, the process is killed and the test fails with what it printed."""
-    import queue
-    import threading
-
     lines: list[str] = []
     q: queue.Queue[str | None] = queue.Queue()
 

@@ -135,14 +135,6 @@ def test_the_venv_imports_spark_vllm_from_itself(installed: Installed) -> None:
     assert str(REPO_DIR) not in proc.stdout
 
 
-def _use_the_venv(project: Path, venv: Path) -> None:
-    """The project's Pulumi.yaml runs the program in the fresh virtualenv (instead of the
-    `venv/` that `pulumi install` would make from requirements.txt)."""
-    doc = yaml.safe_load((project / "Pulumi.yaml").read_text())
-    doc["runtime"]["options"]["virtualenv"] = str(venv)
-    (project / "Pulumi.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
-
-
 def preview(project: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str],
                                                           dict[str, str]]:
     """`pulumi preview --json`: (the run, each resource name → its step's op)."""
@@ -175,7 +167,7 @@ def own_project(installed: Installed) -> tuple[Path, subprocess.CompletedProcess
     assert (project / ".github" / "workflows" / "spark-vllm-preview.yml").is_file()
     # the program the project installs is this wheel (pip's direct_url.json)
     assert f"spark-vllm @ {installed.wheel.as_uri()}" in (project / "requirements.txt").read_text()
-    _use_the_venv(project, installed.venv)
+    operator_project.use_venv(project, installed.venv)
     ok(run(["pulumi", "stack", "init", "site-a"], cwd=project, env=installed.env, timeout=120))
     with (project / "Pulumi.site-a.yaml").open("a") as f:
         f.write((STACKS / "Pulumi.spark-duo.yaml").read_text())
@@ -205,7 +197,7 @@ def test_a_clone_previews_its_stacks_dir(installed: Installed) -> None:
     assert yaml.safe_load((clone / "Pulumi.yaml").read_text())["stackConfigDir"] == "stacks"
     site = clone / "stacks" / "Pulumi.site-b.yaml"
     shutil.copy2(STACKS / "Pulumi.spark-quad.yaml", site)
-    _use_the_venv(clone, installed.venv)
+    operator_project.use_venv(clone, installed.venv)
     ok(run(["pulumi", "stack", "init", "site-b"], cwd=clone, env=installed.env, timeout=120))
     ok(run(["pulumi", "config", "set", "--secret", "spark-vllm:sshPrivateKey"], cwd=clone,
            env=installed.env, stdin=KEY.read_text(), timeout=120))
