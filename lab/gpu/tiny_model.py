@@ -132,17 +132,6 @@ SIZED: dict[str, dict] = {
                        "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                        "decoder_sparse_step": 1, "norm_topk_prob": True, "mlp_only_layers": [],
                        "max_position_embeddings": 40960, "rope_theta": 1000000.0},
-    # Qwen3-30B-A3B-FP8's layout, fewer layers and experts
-    "qwen3moe-fp8": {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-                     "vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144,
-                     "num_hidden_layers": 6, "num_attention_heads": 32,
-                     "num_key_value_heads": 4, "head_dim": 128, "num_experts": 64,
-                     "num_experts_per_tok": 8, "moe_intermediate_size": 768,
-                     "decoder_sparse_step": 1, "norm_topk_prob": True, "mlp_only_layers": [],
-                     "max_position_embeddings": 40960, "rope_theta": 1000000.0,
-                     "rope_scaling": None, "hidden_act": "silu", "attention_bias": False,
-                     "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-                     "quantization_config": FP8_QUANT},
     # Qwen3.5-122B-A10B-FP8's config keys and head shapes (2 KV heads of 256, delta-net heads
     # 16 x 128 keys / 64 x 128 values halved, 1 in 4 layers full attention, 248320 vocab,
     # 262144 positions, mrope) at 8 layers, 64 experts of 512, a 2-block vision tower
@@ -180,6 +169,12 @@ SIZED: dict[str, dict] = {
         "quantization_config": FP8_QUANT,
         "transformers_version": "4.57.0.dev0"},
 }
+# Qwen3-30B-A3B-FP8's layout: the real-vocabulary MoE above with more layers and experts, in
+# block FP8
+SIZED["qwen3moe-fp8"] = {
+    **SIZED["qwen3moe-vocab"], "num_hidden_layers": 6, "num_experts": 64, "rope_scaling": None,
+    "hidden_act": "silu", "attention_bias": False, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "quantization_config": FP8_QUANT}
 
 
 def padded_tokenizer(out: Path, vocab_size: int, specials: list[str]) -> dict[str, int]:
