@@ -525,8 +525,24 @@ def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
     assert not (tmp_path / ".spark-vllm" / "duo").exists()
 
 
+def closed_port() -> int:
+    """A loopback port nothing listens on (a connect is refused at once)."""
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        return s.getsockname()[1]
+
+
+def loopback_duo(port: int) -> c.ClusterSpec:
+    """A head whose identity is 127.0.0.1 and whose rayPort is `port`: the worker's check of
+    the GCS port reaches this machine, not a real fabric."""
+    return spec_from([{"name": "spark-a", "host": "127.0.0.1"},
+                      {"name": "spark-b", "host": "10.1.230.181", "fabricIp": "192.168.200.13",
+                       "fabricInterface": "enp1s0f1np1"}],
+                     stack="duo", image="img:1", model="Qwen/Q", rayPort=port)
+
+
 def test_worker_waits_to_join_and_names_an_unreachable_head(tmp_path: Path) -> None:
-    spec = duo()
+    port = closed_port()
+    spec = loopback_duo(port)
     script = ray_backend.worker_start_script(spec, spec.nodes[1])
     (tmp_path / "ok").mkdir()
     joined = run_with_fake_docker(script, tmp=tmp_path / "ok")
@@ -534,13 +550,35 @@ def test_worker_waits_to_join_and_names_an_unreachable_head(tmp_path: Path) -> N
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "logs").write_text(
         "Local node IP: 192.168.200.13\n[W rpc_client.h:153] Failed to connect to GCS at "
-        "address 192.168.200.12:6379 within 5 seconds.\n")
+        f"address 127.0.0.1:{port} within 5 seconds.\n")
     out = run_with_fake_docker(script, tmp=tmp_path / "bad", check=False)
     assert out["_rc"] == ["1"]
     assert ("spark-b: ray-worker: FAILED: cannot reach the Ray head spark-a at "
-            "192.168.200.12:6379 from 192.168.200.13") in out["_stderr"][0]
+            f"127.0.0.1:{port} from 192.168.200.13") in out["_stderr"][0]
     assert "    | [W rpc_client.h:153] Failed to connect to GCS" in out["_stderr"][0]
     assert not (tmp_path / "bad" / ".spark-vllm" / "duo" / "ray-worker.env").exists()
+
+
+def test_a_worker_waits_for_a_slow_gcs_that_answers(tmp_path: Path) -> None:
+    """`ray start` logs the GCS line after 5 s of a connection that has not completed; a head
+    that just restarted on a busy node answers later. The GCS port answers from the node, so
+    the worker waits (and says why) and joins, where the first version failed at that line."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    spec = loopback_duo(port)
+    script = ray_backend.worker_start_script(spec, spec.nodes[1])
+    logs = tmp_path / "logs"
+    logs.write_text("[W rpc_client.h:153] Failed to connect to GCS at address "
+                    f"127.0.0.1:{port} within 5 seconds.\n")
+    joins = threading.Timer(3, lambda: logs.write_text(logs.read_text() + "Ray runtime started.\n"))
+    joins.start()
+    try:
+        out = run_with_fake_docker(script, tmp=tmp_path)
+    finally:
+        joins.cancel()
+        listener.close()
+    assert "ready: spark-vllm-duo-ray-worker" in out["_stderr"][0]
+    assert out["_stderr"][0].count(f"GCS at 127.0.0.1:{port} answers but has not taken") == 1
 
 
 def test_remove_is_idempotent_but_not_blind(tmp_path: Path) -> None:

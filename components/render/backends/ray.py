@@ -41,10 +41,16 @@ RAY_STARTED_MARK = "Ray runtime started"
 # vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
 # with the gate passed it means vLLM asks Ray for something Ray does not have (the outage's hang).
 PG_WAITING_MARK = "Waiting for creating a placement group"
-# A worker's `ray start` logs this 5 s into a GCS connection that never completes, then keeps
-# retrying for minutes. The head is up by then (its command waited for it), so the path from
-# this node to the head's identity IP is broken: the fabric, a route or a firewall.
+# A worker's `ray start` logs this 5 s into a GCS connection that has not completed, then keeps
+# retrying for minutes. The head is up by then (its command waited for it), so either the path
+# from this node to the head's identity IP is broken (the fabric, a route or a firewall) or the
+# GCS is slow to answer (a head that just restarted on a busy node): a TCP connect from the node
+# to the GCS port tells the two apart, and only the first fails the worker.
 GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
+# how often (seconds) the worker's wait re-checks the GCS port while that line is in its log
+GCS_PROBE_EVERY_S = 5
+TCP_CONNECT_PY = ("import socket, sys; "
+                  "socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()")
 
 
 def roles(index: int) -> tuple[str, ...]:
@@ -112,10 +118,17 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
     # A worker waits here, on the node that sees why, for its join: a blocked fabric is
     # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
     gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
+    probe = (f"python3 -c {shlex.quote(TCP_CONNECT_PY)} {spec.head.identity_ip} "
+             f"{spec.ray_port} 2>/dev/null")
     unreachable = (
-        f"if has {shlex.quote(GCS_UNREACHABLE_MARK)}; then "
-        f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
-        f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi'
+        f"if has {shlex.quote(GCS_UNREACHABLE_MARK)} && "
+        f'[ $(( $(date +%s) - ${{gcs_probed:-0}} )) -ge {GCS_PROBE_EVERY_S} ]; then '
+        "gcs_probed=$(date +%s); "
+        f"if {probe}; then "
+        f'[ -n "${{gcs_slow:-}}" ] || log "the Ray head\'s GCS at {gcs} answers but has not '
+        'taken this worker yet (a busy or just restarted head): waiting"; gcs_slow=1; '
+        f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
+        f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi; fi'
     )
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
