@@ -43,7 +43,7 @@ lint: venv
 	  (cd $$d && "$$(bash $(CURDIR)/lab/actionlint.sh | tail -n 1)" .github/workflows/preview.yml); rc=$$?; rm -rf $$d; exit $$rc
 
 test: venv tools
-	$(PY) -m pytest -q -ra
+	bash lab/test.sh
 
 demo: venv tools deps
 	BACKEND=$(BACKEND) bash lab/demo.sh up $(NODES)
