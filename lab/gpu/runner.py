@@ -580,7 +580,7 @@ class Tier:
                                       "vllm:num_preemptions"))]
 
         for label, n, deadline, wait in (("one_block_shorter", length - step, 90, 0),
-                                         ("exact_length", length, 45, 20)):
+                                         ("exact_length", length, 30, 15)):
             body = {"model": served, "prompt": [1000 + i % 1000 for i in range(n - 1)],
                     "max_tokens": 1, "temperature": 0}
             with ThreadPoolExecutor(1) as pool:  # the metrics while the request is in flight
@@ -599,7 +599,7 @@ class Tier:
         """Sized models' memory lines at configurations the estimator was not fitted on,
         recorded in a call of their own: the HELD-OUT set (`cases`: some of them)."""
         s = self.spec()
-        chosen = {n: c for n, c in HELD_OUT.items() if not cases or n in cases}
+        chosen = {n: HELD_OUT[n] for n in cases} if cases else HELD_OUT  # in the order named
         self.record("gpu_memory", self.gpu_memory_facts)
         self.record("sized_models", lambda: self.sized_models(
             {m for m, _ in chosen.values() if m in (DENSE_V, MOE_V)}))
