@@ -897,6 +897,14 @@ HELD_OUT = {
                                                    "--gpu-memory-utilization", "0.2")),
     "held_qwen35_util0066_auto": (Q35, (*QWEN35_ARGS, "--max-model-len", "auto",
                                         "--gpu-memory-utilization", "0.066")),
+    # call 4: the same with --max-num-seqs under its Mamba cache blocks (call 3's refusal),
+    # so that it serves and the request of exactly its length is tried; Qwen3-MoE FP8 at the
+    # goal's lowest utilization
+    "held_qwen35_util0066_auto_seqs64": (Q35, (*QWEN35_ARGS, "--max-model-len", "auto",
+                                               "--gpu-memory-utilization", "0.066",
+                                               "--max-num-seqs", "64")),
+    "held_moe_fp8_util02_len8192": (MOE_F, ("--max-model-len", "8192",
+                                            "--gpu-memory-utilization", "0.2")),
 }
 
 
