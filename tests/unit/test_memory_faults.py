@@ -139,6 +139,27 @@ def test_the_recordings_are_read_fitted_apart_from_held_out() -> None:
     assert "num_experts" not in MODELS["spark-vllm/qwen3moe-vocab"].config
 
 
+def test_merge_into_adds_a_call_and_refuses_a_run_twice(tmp_path: Path) -> None:
+    """lab/gpu/merge.py --into: how calls 3 and 4 joined the merged file (their call number,
+    the fields of a machine that differ from the first call's)."""
+    from lab.gpu import merge
+
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"header": {**DATA["header"], "kernel": "other-kernel",
+                                           "part": "heldout", "date": "d", "commit": "c"},
+                                "scenarios": {"x": {"rc": 0}}}))
+    base = {"header": dict(DATA["header"]), "runs": {}}
+    base["header"]["runs"] = {}
+    out = merge.merge_into(base, [("call9", part)], 9)
+    assert out["header"]["runs"]["call9"] == {"part": "heldout", "date": "d", "commit": "c",
+                                              "call": 9, "kernel": "other-kernel"}
+    assert out["runs"]["call9"] == {"scenarios": {"x": {"rc": 0}}}
+    with pytest.raises(SystemExit, match="call9"):
+        merge.merge_into(out, [("call9", part)], 10)
+    assert DATA["header"]["runs"]["heldout-call3"]["call"] == 3
+    assert DATA["header"]["runs"]["heldout-call4"]["call"] == 4
+
+
 @pytest.mark.parametrize("r", IN_GOAL, ids=lambda r: r["id"])
 def test_available_kv_within_one_percent(r: dict[str, Any]) -> None:
     """The estimator's own budget (CUDA's total x utilization - weights - activation -
