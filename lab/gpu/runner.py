@@ -503,7 +503,8 @@ class Tier:
     def sized(self, model: str, args: tuple[str, ...]) -> dict:
         """One start of a sized model with its own memory lines (the held-out recordings)."""
         self.remove(self.spec(), commands.VLLM)
-        m = self.spec(model=model, vllm_args=args, vllm_timeout=300, env=SIZED_ENV)
+        # a fresh machine: the seeds' class took 300.9 s to serve from a cold Triton cache (call 4)
+        m = self.spec(model=model, vllm_args=args, vllm_timeout=420, env=SIZED_ENV)
         r = self.vllm_up_logged(m)
         return {"model": model, "args": list(args), "rc": r["rc"], "seconds": r["seconds"],
                 "log": r["log"], "stderr_tail": r["stderr"][-12:]}
