@@ -63,7 +63,8 @@ LOG_MARKS = ("Available KV cache memory", "GPU KV cache size", "torch.compile ta
 SIZED_LOG_MARKS = (*LOG_MARKS, "Encoder cache will be", "GDN prefill kernel",
                    "Maximum concurrency", "maximum model length", "max_model_len",
                    "CUDA graph memory profiling", "Traceback", "Exception",
-                   "Setting attention block size", "Auto-fit")
+                   "Setting attention block size", "Auto-fit",
+                   "Free memory on device")  # vLLM's own split: weights, peak activation, ...
 ROUTES = [("GET", "/health"), ("GET", "/ping"), ("GET", "/v1/models"), ("GET", "/metrics"),
           ("GET", "/version"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"),
           ("POST", "/v1/completions"), ("POST", "/tokenize")]
