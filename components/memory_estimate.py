@@ -343,6 +343,13 @@ class Estimate:
     non_torch: int
     max_len_cap: int  # the config's max_position_embeddings
     len_step: int = DEFAULT_BLOCK_SIZE  # --block-size: max_model_len answers are multiples of it
+    max_num_seqs: int = DEFAULT_MAX_NUM_SEQS
+    full_cudagraphs: bool = True  # vLLM's default cudagraph_mode FULL_AND_PIECEWISE (not eager)
+
+    @property
+    def hybrid(self) -> bool:
+        """Linear-attention (mamba-like) layers: vLLM's kv_cache_config.has_mamba_layers."""
+        return any(kind == "linear" for kind, _ in self.groups)
 
     def group_size(self, stage: int) -> int:
         a, b = self.stages[stage]
@@ -392,7 +399,8 @@ def _activation(text: Mapping[str, Any], tp: int, last: bool, tokens: int, seqs:
 def estimate(model: ModelFiles, tp: int = 1, pp: int = 1, *, max_model_len: int | None = None,
              kv_cache_dtype: str = "auto", block_size: int | None = None,
              max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-             mamba_ssm_cache_dtype: str = "auto", extra_overhead_bytes: int = 0) -> Estimate:
+             mamba_ssm_cache_dtype: str = "auto", extra_overhead_bytes: int = 0,
+             enforce_eager: bool = False) -> Estimate:
     """vLLM's arithmetic for `--tensor-parallel-size tp --pipeline-parallel-size pp` with the
     other flags as named (None: vLLM's default)."""
     check_supported(model)
@@ -426,7 +434,8 @@ def estimate(model: ModelFiles, tp: int = 1, pp: int = 1, *, max_model_len: int 
         activation=tuple(_activation(text, tp, s == pp - 1, tokens, seqs, v1)
                          for s in range(pp)),
         non_torch=non_torch + extra_overhead_bytes, max_len_cap=cap,
-        len_step=block_size or DEFAULT_BLOCK_SIZE)
+        len_step=block_size or DEFAULT_BLOCK_SIZE, max_num_seqs=seqs,
+        full_cudagraphs=not enforce_eager)
 
 
 def weights_per_rank(est: Estimate) -> list[int]:
@@ -515,8 +524,11 @@ def max_len_that_fits(est: Estimate, available: list[int]) -> int:
 
 def fit(est: Estimate, total_bytes: int, free_bytes: int, utilization: float,
         max_model_len: int | None = None) -> Fit:
-    """vLLM's three refusals in order: free memory below utilization x total (request_memory),
-    nothing left for the KV cache, not one max_model_len request (_check_enough_kv_cache_memory)."""
+    """vLLM's four refusals in order: free memory below utilization x total (request_memory),
+    nothing left for the KV cache, not one max_model_len request (_check_enough_kv_cache_memory),
+    and, for a hybrid model with full CUDA graphs (the default), fewer KV blocks than
+    --max-num-seqs (vllm/config/compilation.py: each decode sequence holds one Mamba cache
+    block; recorded on 0.26.0: the seeds' class at 0.066, auto length, 106 blocks)."""
     n = max_model_len or est.max_model_len
     req = requested_memory(total_bytes, utilization)
     avail = available_kv(est, total_bytes, utilization)
@@ -540,6 +552,12 @@ def fit(est: Estimate, total_bytes: int, free_bytes: int, utilization: float,
                   f"available KV cache memory ({_gib(avail[worst])} GiB). "
                   + (f"Based on the available memory, the estimated maximum model length is "
                      f"{longest}." if longest else ""))
+    elif est.hybrid and est.full_cudagraphs and est.max_num_seqs > num_blocks(est, avail):
+        blocks = num_blocks(est, avail)
+        reason = (f"max_num_seqs ({est.max_num_seqs}) exceeds available Mamba cache blocks "
+                  f"({blocks}): each decode sequence holds one, so vLLM's CUDA graph capture "
+                  f"cannot proceed. Lower --max-num-seqs to at most {blocks} or raise "
+                  f"--gpu-memory-utilization.")
     return Fit(ok=not reason, reason=reason, free=free_bytes, requested=req,
                weights=max(est.weights), kv_needed=needed[worst], kv_available=avail[worst],
                left=avail[worst] - needed[worst],

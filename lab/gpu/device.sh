@@ -29,4 +29,4 @@ if [ ! -f "$SITE/.ready" ]; then
 fi
 export SPARK_VLLM_COMMIT=$(cat .commit 2>/dev/null || echo unknown)  # prepare.sh writes it
 PYTHONPATH="$SITE" python3 lab/gpu/tiny_model.py "$HF" ${MODELS:-dense}
-PYTHONPATH="$SITE" python3 lab/gpu/runner.py --out "$OUT" --part "$part" 2>&1 | tee "$OUT/runner-$part.log"
+PYTHONPATH="$SITE" python3 lab/gpu/runner.py --out "$OUT" --part "$part" --cases "${CASES:-}" 2>&1 | tee "$OUT/runner-$part.log"

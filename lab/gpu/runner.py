@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from spark_vllm.components import node_memory  # noqa: E402
+from spark_vllm.components import memory_estimate, node_memory  # noqa: E402
 from spark_vllm.components import spec as specmod  # noqa: E402
 from spark_vllm.components.render import commands, staging_commands  # noqa: E402
 from spark_vllm.components.render.backends import ray as ray_backend  # noqa: E402
@@ -62,7 +62,9 @@ LOG_MARKS = ("Available KV cache memory", "GPU KV cache size", "torch.compile ta
 # and for the sized models' starts (vllm_up_logged) only: the earlier parts' logs stay as recorded
 SIZED_LOG_MARKS = (*LOG_MARKS, "Encoder cache will be", "GDN prefill kernel",
                    "Maximum concurrency", "maximum model length", "max_model_len",
-                   "CUDA graph memory profiling", "Traceback", "Exception")
+                   "CUDA graph memory profiling", "Traceback", "Exception",
+                   "Setting attention block size", "Auto-fit",
+                   "Free memory on device")  # vLLM's own split: weights, peak activation, ...
 ROUTES = [("GET", "/health"), ("GET", "/ping"), ("GET", "/v1/models"), ("GET", "/metrics"),
           ("GET", "/version"), ("POST", "/invocations"), ("POST", "/v1/chat/completions"),
           ("POST", "/v1/completions"), ("POST", "/tokenize")]
@@ -502,7 +504,8 @@ class Tier:
     def sized(self, model: str, args: tuple[str, ...]) -> dict:
         """One start of a sized model with its own memory lines (the held-out recordings)."""
         self.remove(self.spec(), commands.VLLM)
-        m = self.spec(model=model, vllm_args=args, vllm_timeout=300, env=SIZED_ENV)
+        # a fresh machine: the seeds' class took 300.9 s to serve from a cold Triton cache (call 4)
+        m = self.spec(model=model, vllm_args=args, vllm_timeout=420, env=SIZED_ENV)
         r = self.vllm_up_logged(m)
         return {"model": model, "args": list(args), "rc": r["rc"], "seconds": r["seconds"],
                 "log": r["log"], "stderr_tail": r["stderr"][-12:]}
@@ -547,13 +550,67 @@ class Tier:
         self.record("cleanup_qwen35", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
                                                                              commands.HEAD)})
 
-    def heldout_part(self) -> None:
+    def sized_models(self, models: set[str]) -> dict:
+        """The config and every tensor's (dtype, shape, bytes) of the sized models that
+        transformers wrote (save_pretrained's names and dtypes are its own; the FP8 ones are
+        tiny_model.fp8_tensors' and rebuilt from it), as the admission reads them."""
+        out = {}
+        for model in sorted(models):
+            repo = Path(self.hf) / "hub" / f"models--{model.replace('/', '--')}"
+            snap = repo / "snapshots" / (repo / "refs" / "main").read_text().strip()
+            m = memory_estimate.read_model(str(snap))
+            out[model] = {"config": m.config,
+                          "tensors": {n: [d, list(sh), b] for n, (d, sh, b) in m.tensors.items()}}
+        return out
+
+    def auto_edge(self, name: str, served: str) -> dict:
+        """A request of exactly the length --max-model-len auto chose (vLLM's fit counts the
+        null block as free), and one a block shorter, as prompt token ids with max_tokens 1:
+        answered or not within a deadline."""
+        log = "\n".join(self.obs["scenarios"][name].get("log") or [])
+        chosen = re.search(r"reduced from (\d+) to (\d+)", log)
+        block = re.search(r"Setting attention block size to (\d+) tokens", log)
+        if not chosen:
+            return {"skipped": "vLLM did not reduce max_model_len"}
+        length = int(chosen[2])
+        step = int(block[1]) if block else 2048  # unlogged: more than any model's here
+        out: dict[str, Any] = {"max_model_len": length, "shorter_by": step,
+                               "block_size_logged": bool(block)}
+        def metrics() -> list[str]:
+            return [ln for ln in self.http("GET", "/metrics").get("body", "").splitlines()
+                    if ln.startswith(("vllm:num_requests_", "vllm:kv_cache_usage",
+                                      "vllm:num_preemptions"))]
+
+        for label, n, deadline, wait in (("one_block_shorter", length - step, 90, 0),
+                                         ("exact_length", length, 30, 15)):
+            body = {"model": served, "prompt": [1000 + i % 1000 for i in range(n - 1)],
+                    "max_tokens": 1, "temperature": 0}
+            with ThreadPoolExecutor(1) as pool:  # the metrics while the request is in flight
+                pending = pool.submit(self.http, "POST", "/v1/completions", body,
+                                      timeout=deadline)
+                time.sleep(wait)
+                during = metrics()
+                r = pending.result()
+            r.update(tokens=n, metrics_after_s=wait, metrics=during)
+            if r.get("status") == 200:
+                r["usage"] = json.loads(r.pop("body")).get("usage")
+            out[label] = r
+        return out
+
+    def heldout_part(self, cases: list[str] | None = None) -> None:
         """Sized models' memory lines at configurations the estimator was not fitted on,
-        recorded in a call of their own: the HELD-OUT set."""
+        recorded in a call of their own: the HELD-OUT set (`cases`: some of them)."""
         s = self.spec()
+        chosen = {n: HELD_OUT[n] for n in cases} if cases else HELD_OUT  # in the order named
+        self.record("gpu_memory", self.gpu_memory_facts)
+        self.record("sized_models", lambda: self.sized_models(
+            {m for m, _ in chosen.values() if m in (DENSE_V, MOE_V)}))
         self.record("head_start", lambda: self.head_up(s))
-        for name, (model, args) in HELD_OUT.items():
+        for name, (model, args) in chosen.items():
             self.record(name, lambda model=model, args=args: self.sized(model, args))
+            if "auto" in args[args.index("--max-model-len") + 1:][:1]:
+                self.record(name + "_edge", lambda name=name, model=model: self.auto_edge(
+                    name, model))
         self.record("cleanup_heldout", lambda: {r: self.remove(s, r) for r in (commands.VLLM,
                                                                               commands.HEAD)})
 
@@ -836,6 +893,20 @@ HELD_OUT = {
                                                   "--max-num-batched-tokens", "4096")),
     "held_moe_vocab_util025": (MOE_V, ("--max-model-len", "4096",
                                        "--gpu-memory-utilization", "0.25")),
+    # call 3: the dense real vocabulary where the sampler (V2 runner) outweighs the forward,
+    # and --max-model-len auto where the full 262144 does not fit (the null-block edge)
+    "held_dense_vocab_util02_len16384": (DENSE_V, ("--max-model-len", "16384",
+                                                   "--gpu-memory-utilization", "0.2")),
+    "held_qwen35_util0066_auto": (Q35, (*QWEN35_ARGS, "--max-model-len", "auto",
+                                        "--gpu-memory-utilization", "0.066")),
+    # call 4: the same with --max-num-seqs under its Mamba cache blocks (call 3's refusal),
+    # so that it serves and the request of exactly its length is tried; Qwen3-MoE FP8 at the
+    # goal's lowest utilization
+    "held_qwen35_util0066_auto_seqs64": (Q35, (*QWEN35_ARGS, "--max-model-len", "auto",
+                                               "--gpu-memory-utilization", "0.066",
+                                               "--max-num-seqs", "64")),
+    "held_moe_fp8_util02_len8192": (MOE_F, ("--max-model-len", "8192",
+                                            "--gpu-memory-utilization", "0.2")),
 }
 
 
@@ -872,6 +943,7 @@ def main() -> None:
     ap.add_argument("--vllm-cache", default="/root/vllm-cache")
     ap.add_argument("--shim-dir", default="/root/shim-bin")
     ap.add_argument("--ip", default="")
+    ap.add_argument("--cases", default="", help="heldout: these HELD_OUT cases, comma-separated")
     ap.add_argument("--image-env", default="", help="JSON: more image env (the CPU dry run)")
     args = ap.parse_args()
     tier = Tier(args)
@@ -889,7 +961,7 @@ def main() -> None:
     if args.part == "qwen35":  # GPU only: the seeds' class served, the fitted memory set
         tier.qwen35_part()
     if args.part == "heldout":  # GPU only: the held-out memory set, a call of its own
-        tier.heldout_part()
+        tier.heldout_part([c for c in args.cases.split(",") if c])
     if args.part == "qwen35-heldout":  # the seeds' class served, then the held-out set
         tier.qwen35_part(fitted=False)
     tier.save()

@@ -1,13 +1,13 @@
 """Issue 36: memory admission against the seeds' class, one test per fault (each failed before
 its fix), and the held-out recordings of real vLLM 0.26.0 on one H200
-(tests/fixtures/real-vllm/vllm-0.26.0-qwen35.json, made by lab/gpu/runner.py --part qwen35 and
-qwen35-heldout in two device calls).
+(tests/fixtures/real-vllm/vllm-0.26.0-qwen35.json, made by lab/gpu/runner.py --part qwen35,
+qwen35-heldout and heldout in four device calls).
 
 Fitted vs held out: the constants (NON_TORCH_*) are fitted on the 11 tiny-model recordings of
 vllm-0.26.0.json (test_memory_estimate.py RECORDED, earlier calls); SAMPLER_BYTES_V1 (18) is the
 count of the sampler's live [rows, vocab] tensors in vLLM's source, checked against the ONE
-recording of call 1 (`qwen35.qwen35_serve`, 17.7 B measured). Call 2's recordings are held out:
-nothing was fitted on them."""
+recording of call 1 (`qwen35.qwen35_serve`, 17.7 B measured). Calls 2-4 are held out: nothing
+was fitted on them."""
 
 from __future__ import annotations
 
@@ -26,9 +26,11 @@ from spark_vllm.components import node_memory
 
 GiB = me.GiB
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "real-vllm" / "vllm-0.26.0-qwen35.json"
+DATA = json.loads(FIXTURE.read_text())
 H200_SMI = 143771 << 20  # nvidia-smi's memory.total
 H200_CUDA = 150109880320  # cudaMemGetInfo's total, recorded (gpu_memory scenario)
-MODELS = {"qwen35": "qwen35-fp8", "moe_fp8": "qwen3moe-fp8"}
+GOAL_UTILIZATIONS = (0.2, 0.9)  # the issue's range for the +-1 % goal
+BLOCK_FP8 = {"spark-vllm/qwen35-fp8", "spark-vllm/qwen3moe-fp8"}
 
 
 def sized_model(kind: str) -> me.ModelFiles:
@@ -50,10 +52,26 @@ def sized_model(kind: str) -> me.ModelFiles:
     return me.read_model({"config.json": cfg, "model.safetensors": header})
 
 
+def recorded_models() -> dict[str, me.ModelFiles]:
+    """The models as the runs made them: the block-FP8 ones rebuilt from tiny_model (fp8_model
+    writes exactly those tensors), the ones transformers' save_pretrained wrote from the config
+    and tensor headers the run read back on the machine (`sized_models`)."""
+    out = {f"spark-vllm/{k}": sized_model(k) for k in ("qwen35-fp8", "qwen3moe-fp8")}
+    for body in DATA["runs"].values():
+        for model, files in (body["scenarios"].get("sized_models") or {}).items():
+            if isinstance(files, dict):
+                out[model] = me.read_model({"config.json": files["config"], "m.safetensors": {
+                    n: {"dtype": d, "shape": sh, "data_offsets": [0, b]}
+                    for n, (d, sh, b) in files["tensors"].items()}})
+    return out
+
+
+MODELS = recorded_models()
+
+
 def recordings() -> list[dict[str, Any]]:
-    data = json.loads(FIXTURE.read_text())
     out = []
-    for run, body in data["runs"].items():
+    for run, body in DATA["runs"].items():
         for name, s in body["scenarios"].items():
             log = "\n".join(s.get("log") or []) if isinstance(s, dict) else ""
             avail = re.search(r"Available KV cache memory: ([\d.]+) GiB", log)
@@ -61,13 +79,18 @@ def recordings() -> list[dict[str, Any]]:
                 continue
             args = s["args"]
             opts = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+            call = DATA["header"]["runs"][run]["call"]
+            util = float(opts["--gpu-memory-utilization"])
             out.append({
-                "id": f"{run}.{name}", "call": data["header"]["runs"][run]["call"],
-                "held_out": run == "qwen35-heldout",
-                "kind": "qwen35" if "qwen35" in name else "moe_fp8",
-                "utilization": float(opts["--gpu-memory-utilization"]),
+                "id": f"{run}.{name}", "call": call, "held_out": call != 1,
+                "model": s.get("model", "spark-vllm/qwen35-fp8"), "rc": s["rc"],
+                "utilization": util,
+                "in_goal": GOAL_UTILIZATIONS[0] <= util <= GOAL_UTILIZATIONS[1],
                 "max_model_len": (None if opts["--max-model-len"] == "auto"
                                   else int(opts["--max-model-len"])),
+                "max_num_seqs": int(opts["--max-num-seqs"]) if "--max-num-seqs" in opts else None,
+                "max_num_batched_tokens": (int(opts["--max-num-batched-tokens"])
+                                           if "--max-num-batched-tokens" in opts else None),
                 "kv_cache_dtype": opts.get("--kv-cache-dtype", "auto"),
                 "available_gib": float(avail[1]),
                 "loading_gib": float(re.search(r"Model loading took ([\d.]+) GiB", log)[1]),
@@ -78,11 +101,23 @@ def recordings() -> list[dict[str, Any]]:
 
 RECORDINGS = recordings()
 HELD_OUT = [r for r in RECORDINGS if r["held_out"]]
+IN_GOAL = [r for r in RECORDINGS if r["in_goal"]]
+
+
+def by_id(rid: str) -> dict[str, Any]:
+    return next(r for r in RECORDINGS if r["id"] == rid)
 
 
 def estimate_of(r: dict[str, Any]) -> me.Estimate:
-    return me.estimate(sized_model(MODELS[r["kind"]]), max_model_len=r["max_model_len"],
-                       kv_cache_dtype=r["kv_cache_dtype"])
+    return me.estimate(MODELS[r["model"]], max_model_len=r["max_model_len"],
+                       kv_cache_dtype=r["kv_cache_dtype"], max_num_seqs=r["max_num_seqs"],
+                       max_num_batched_tokens=r["max_num_batched_tokens"])
+
+
+def error(r: dict[str, Any]) -> float:
+    """The estimate's available KV minus vLLM's, in GiB."""
+    return me.available_kv(estimate_of(r), H200_CUDA, r["utilization"])[0] / GiB - r[
+        "available_gib"]
 
 
 # ---------------------------------------------------------------------------- held out
@@ -90,21 +125,48 @@ def estimate_of(r: dict[str, Any]) -> me.Estimate:
 
 def test_the_recordings_are_read_fitted_apart_from_held_out() -> None:
     assert {r["call"] for r in RECORDINGS if not r["held_out"]} == {1}
-    assert {r["call"] for r in HELD_OUT} == {2}
-    assert len(HELD_OUT) >= 5 and all(r["loading_gib"] >= 1 for r in HELD_OUT)
-    assert sum(r["kind"] == "qwen35" for r in HELD_OUT) >= 3  # the seeds' class, block FP8
-    assert sum(r["kind"] == "moe_fp8" for r in HELD_OUT) >= 2  # Qwen3-MoE, block FP8
-    assert {r["utilization"] for r in HELD_OUT} >= {0.2, 0.3, 0.5, 0.85, 0.9}
+    assert {r["call"] for r in HELD_OUT} == {2, 3, 4}
+    goal = [r for r in HELD_OUT if r["in_goal"]]
+    assert len(goal) >= 6 and all(r["loading_gib"] >= 1 for r in goal)
+    assert sum(r["model"] in BLOCK_FP8 for r in goal) >= 2
+    assert sum(r["model"] == "spark-vllm/qwen35-fp8" for r in goal) >= 3  # the seeds' class
+    models = {r["model"] for r in goal}
+    assert models == {"spark-vllm/qwen35-fp8", "spark-vllm/qwen3moe-fp8",
+                      "spark-vllm/qwen3-vocab", "spark-vllm/qwen3moe-vocab"}
+    assert {r["utilization"] for r in goal} >= {0.2, 0.25, 0.3, 0.5, 0.8, 0.85, 0.9}
+    # the transformers-written models are read from what the run read back, not rebuilt
+    assert MODELS["spark-vllm/qwen3moe-vocab"].config["num_local_experts"] == 32
+    assert "num_experts" not in MODELS["spark-vllm/qwen3moe-vocab"].config
 
 
-@pytest.mark.parametrize("r", RECORDINGS, ids=lambda r: r["id"])
+def test_merge_into_adds_a_call_and_refuses_a_run_twice(tmp_path: Path) -> None:
+    """lab/gpu/merge.py --into: how calls 3 and 4 joined the merged file (their call number,
+    the fields of a machine that differ from the first call's)."""
+    from lab.gpu import merge
+
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps({"header": {**DATA["header"], "kernel": "other-kernel",
+                                           "part": "heldout", "date": "d", "commit": "c"},
+                                "scenarios": {"x": {"rc": 0}}}))
+    base = {"header": dict(DATA["header"]), "runs": {}}
+    base["header"]["runs"] = {}
+    out = merge.merge_into(base, [("call9", part)], 9)
+    assert out["header"]["runs"]["call9"] == {"part": "heldout", "date": "d", "commit": "c",
+                                              "call": 9, "kernel": "other-kernel"}
+    assert out["runs"]["call9"] == {"scenarios": {"x": {"rc": 0}}}
+    with pytest.raises(SystemExit, match="call9"):
+        merge.merge_into(out, [("call9", part)], 10)
+    assert DATA["header"]["runs"]["heldout-call3"]["call"] == 3
+    assert DATA["header"]["runs"]["heldout-call4"]["call"] == 4
+
+
+@pytest.mark.parametrize("r", IN_GOAL, ids=lambda r: r["id"])
 def test_available_kv_within_one_percent(r: dict[str, Any]) -> None:
     """The estimator's own budget (CUDA's total x utilization - weights - activation -
     overheads) against vLLM's "Available KV cache memory", within 1 % (the log rounds to
     0.01 GiB), and the weights against "Model loading took"."""
     est = estimate_of(r)
-    available = me.available_kv(est, H200_CUDA, r["utilization"])[0] / GiB
-    assert abs(available - r["available_gib"]) <= 0.01 * r["available_gib"], available
+    assert abs(error(r)) <= 0.01 * r["available_gib"], error(r)
     assert abs(est.weights[0] / GiB - r["loading_gib"]) <= 0.035
     tokens = me.tokens_for(est, int(r["available_gib"] * GiB),
                            r["max_model_len"] or est.max_len_cap)
@@ -120,6 +182,53 @@ def test_the_fitted_recording_agrees_with_the_sampler_count() -> None:
     activation = non_kv - r["loading_gib"] * GiB - est.non_torch
     per_logit = (activation - 8192 * 2 * 2048) / (1024 * 248320)
     assert 17 < per_logit < me.SAMPLER_BYTES_V1 + 0.5
+
+
+def test_max_model_len_auto_against_what_vllm_chose() -> None:
+    """Item 3 on real runs (held out). At 0.066, where 262144 does not fit, vLLM's auto fit
+    chose 108768 tokens: 103 attention blocks of 1056 + 3 linear-group blocks = all 106 blocks,
+    the null block included, so a request of that length could never be scheduled; with vLLM's
+    own block count the program's longest length leaves one block. vLLM then refused to start
+    (1024 sequences over 106 Mamba blocks), and so does the program, naming why. At 0.2 and at
+    0.066 with 64 sequences the full 262144 fit in both."""
+    r = by_id("heldout-call3.held_qwen35_util0066_auto")
+    chosen = re.search(r"reduced from 262144 to (\d+) .*\(([\d.]+) GiB available", r["log"])
+    blocks = int(re.search(r"exceeds available Mamba cache blocks \((\d+)\)", r["log"])[1])
+    assert chosen and int(chosen[1]) == r["tokens"] == 108768 and blocks == 106
+    est = estimate_of(r)
+    assert est.block_size == 1056 and est.page_bytes * est.group_size(0) == 4325376
+    assert est.blocks_per_request(108768) == blocks  # vLLM's length: every block
+    vllm_avail = blocks * est.page_bytes * est.group_size(0)
+    assert me.num_blocks(est, vllm_avail) == blocks
+    longest = me.max_len_that_fits(est, [vllm_avail])
+    assert est.blocks_per_request(longest) == blocks - 1  # the program's: the null block left
+    assert longest == 107712  # one block of 1056 under vLLM's
+    # the program's own estimate, as memory_check runs it for auto (one short request)
+    f = me.fit(est, H200_CUDA, H200_CUDA, r["utilization"], est.len_step)
+    assert not f.ok and "max_num_seqs (1024) exceeds available Mamba cache blocks" in f.reason
+    assert 0 < f.max_model_len < longest  # -0.076 GiB of available KV: 87648, on the safe side
+    for rid in ("qwen35-heldout.held_qwen35_util02_auto",
+                "heldout-call4.held_qwen35_util0066_auto_seqs64"):
+        r = by_id(rid)
+        assert "full model context length 262144 fits" in r["log"]
+        est = estimate_of(r)
+        f = me.fit(est, H200_CUDA, H200_CUDA, r["utilization"], est.len_step)
+        assert f.ok and f.max_model_len == 262144, (rid, f)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: with few sequences the seeds' class's profile "
+                   "peak is not the sampler's, and the peak outside it (~1.45 GiB measured: the "
+                   "vision encoder's profile, the fused-MoE workspace, the delta-net forward) is "
+                   "estimated at 0.41 GiB")
+def test_the_seeds_class_with_few_sequences() -> None:
+    """Held out (call 4): --max-num-seqs 64 at 0.066. vLLM left 3.03 GiB; the estimate, 4.24.
+    vLLM's own split of the rest: 1.92 GiB peak activation (estimated 0.41), 0.23 non-torch +
+    0.14 CUDA graphs (estimated 0.67 together)."""
+    r = by_id("heldout-call4.held_qwen35_util0066_auto_seqs64")
+    split = re.search(r"([\d.]+) GiB for peak activation", json.dumps(
+        DATA["runs"]["heldout-call4"]["scenarios"]["held_qwen35_util0066_auto_seqs64"]))
+    assert split and split[1] == "1.92"
+    assert abs(error(r)) <= 0.1
 
 
 # ---------------------------------------------------------------------------- the faults
@@ -209,6 +318,24 @@ def test_fault_an_architecture_it_cannot_account_for_is_refused_by_name(
          "moe_intermediate_size": 128, "max_position_embeddings": 4096}
     with pytest.raises(me.UnsupportedModelError, match=re.escape(named)):
         me.estimate(me.read_model({"config.json": {**c, **change}, "m.safetensors": {}}))
+
+
+def test_fault_a_hybrid_model_needs_a_block_per_sequence() -> None:
+    """Recorded (call 3): vLLM 0.26.0 refuses a hybrid model whose KV blocks are fewer than
+    --max-num-seqs once full CUDA graphs are on (the default); the admission said it fit."""
+    est = me.estimate(sized_model("qwen35-fp8"))
+    room = est.non_kv(0) + 100 * est.page_bytes * est.group_size(0)  # 100 blocks
+    util = room / H200_CUDA
+    f = me.fit(est, H200_CUDA, H200_CUDA, util, est.len_step)
+    assert not f.ok and "max_num_seqs (1024) exceeds available Mamba cache blocks (100)" in f.reason
+    assert "--max-num-seqs to at most 100" in f.reason
+    assert me.fit(me.estimate(sized_model("qwen35-fp8"), max_num_seqs=100), H200_CUDA,
+                  H200_CUDA, util, est.len_step).ok
+    assert me.fit(me.estimate(sized_model("qwen35-fp8"), enforce_eager=True), H200_CUDA,
+                  H200_CUDA, util, est.len_step).ok  # no CUDA graphs: no such check
+    dense = me.estimate(sized_model("qwen3moe-fp8"))  # no linear layers: no such check
+    room = dense.non_kv(0) + 100 * dense.page_bytes * dense.group_size(0)
+    assert me.fit(dense, H200_CUDA, H200_CUDA, room / H200_CUDA, 16).ok
 
 
 def test_fault_auto_length_leaves_the_null_block() -> None:
