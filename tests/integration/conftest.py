@@ -15,6 +15,7 @@ pytestmark = pytest.mark.integration
 
 API_KEY = "sk-itest-" + secrets.token_hex(8)
 TEST_DIAL_TIMEOUT_S = 3
+TEST_CANARY_S, TEST_WEDGE_WINDOW_S = 5, 10
 
 
 def _teardown(lab: Lab | None) -> None:
@@ -37,8 +38,9 @@ def lab_removed_at_the_end() -> Iterator[None]:
 def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20,
               sim_vllm_version: str = config.SIM_VLLM_VERSION) -> Lab:
     """The lab, with the tests' bounds: a small model (config.TEST_MODEL_BYTES), SSH dials of
-    3 s (a cut node is named in ~15 s, not ~1 min), and vllm-sim's pretend load and compile
-    short (Lab.TEST_ENV, kept under every `env` a test sets)."""
+    3 s (a cut node is named in ~15 s, not ~1 min), liveness windows of 5 s + 10 s, and
+    vllm-sim's pretend load and compile short (Lab.TEST_ENV, kept under every `env` a test
+    sets)."""
     cluster.up(cluster.UpOptions(nodes=nodes, tp=tp, pp=pp, quiet=True,
                                  sim_vllm_version=sim_vllm_version,
                                  model_bytes=config.TEST_MODEL_BYTES))
@@ -47,6 +49,11 @@ def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int =
     lab.set("rayTimeout", ray_timeout)
     lab.set("vllmTimeout", 120)
     lab.set("sshDialTimeout", TEST_DIAL_TIMEOUT_S)
+    # liveness: vllm-sim's one-token canary answers in well under a second; a rank that died
+    # or froze is named after these instead of the defaults' 30 s + 60 s, on every status and
+    # refresh that meets one (test_wedge sets its own, shorter still)
+    lab.set("canaryTimeout", TEST_CANARY_S)
+    lab.set("wedgeWindow", TEST_WEDGE_WINDOW_S)
     lab.set("env", lab.get("env"))  # with Lab.TEST_ENV under it
     return lab
 

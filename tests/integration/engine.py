@@ -51,6 +51,18 @@ class Run:
     seconds: float = 0.0
     error: str | None = None
 
+    def failure(self, tail: int = 1500) -> str:
+        """Why the run failed, for an assertion message: the engine's lines that name an error
+        (a step's FAILED line, the resource's `error:`), then the end of its output. The tail
+        alone is mostly the stack's outputs, printed after the error."""
+        if self.error is None:
+            return "no error"
+        named = [line.strip() for line in self.error.splitlines()
+                 if "FAILED" in line or line.strip().startswith("error:")]
+        named = list(dict.fromkeys(line[:400] for line in named))[:20]
+        return "\n".join(["the run's errors:", *named, "... its output ends:",
+                          self.error[-tail:]])
+
     def ops(self, phase: str = "pre") -> list[tuple[str, str]]:
         return [(s.op, s.name) for s in self.steps if s.phase == phase]
 

@@ -30,7 +30,7 @@ RAY_ROLES = ("ray-head", "ray-worker")
 
 
 def ok(run: Run) -> Run:
-    assert run.error is None, run.error[-3000:]
+    assert run.error is None, run.failure()
     return run
 
 

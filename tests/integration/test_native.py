@@ -37,7 +37,7 @@ RAY_LAYOUT = [("node-1", "ray-head"), ("node-1", "vllm"), ("node-2", "ray-worker
 
 
 def ok(run: Run) -> Run:
-    assert run.error is None, run.error[-3000:]
+    assert run.error is None, run.failure()
     return run
 
 
