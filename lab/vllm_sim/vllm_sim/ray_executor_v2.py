@@ -23,7 +23,9 @@ actors are killed, the failure callback fires.
 """
 
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -100,6 +102,7 @@ class RayWorkerProc:
         # (the shard bar on rank 0 only, weight_utils.py:845-848).
         where = f"rank {self.rank} on {ray.util.get_node_ip_address()} ({socket.gethostname()})"
         loaded = load_weights(source, progress=self.rank == 0, where=where)
+        _memory_monitor()
         time.sleep(load_seconds)
         # :193-212
         self.rpc_broadcast_mq = MessageQueue.create_from_handle(self.input_handle, self.rank)
@@ -372,3 +375,24 @@ class RayExecutorV2Sim:
         for mq in self.response_mqs:
             mq.close()
             mq.remove_writer_files()
+
+
+def _memory_monitor() -> None:
+    """Ray's memory monitor on this rank's node, played where the load fills the node's
+    memory: VLLM_SIM_NODE_MEMORY_USAGE (simulator-only) is the share of the node's memory in
+    use once the weights are in (on a GB10 the GPU's allocations are node memory). Above
+    RAY_memory_usage_threshold (0.95) with RAY_memory_monitor_refresh_ms not 0 (Ray 2.56.1's
+    defaults, src/ray/common/ray_config_def.h; 250 ms: on), the raylet kills the worker, as
+    here: its message (the raylet's text), then SIGKILL."""
+    usage = os.environ.get("VLLM_SIM_NODE_MEMORY_USAGE")
+    if not usage or os.environ.get("RAY_memory_monitor_refresh_ms", "250").strip() == "0":
+        return
+    threshold = float(os.environ.get("RAY_memory_usage_threshold", "0.95"))
+    if float(usage) <= threshold:
+        return
+    print(f"(raylet) 1 worker(s) were killed due to the node running low on memory. Memory on "
+          f"the node (IP: {ray.util.get_node_ip_address()}) was {float(usage):.2f} of its total, "
+          f"which exceeds the memory usage threshold of {threshold}. To disable worker killing, "
+          "set the environment variable `RAY_memory_monitor_refresh_ms` to zero. (simulated: "
+          "VLLM_SIM_NODE_MEMORY_USAGE)", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
