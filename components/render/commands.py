@@ -502,7 +502,9 @@ def start_bound_lines(spec: ClusterSpec) -> list[str]:
     else:
         lines.append(f'bound=$((bound + {COLD_COMPILE_S})); why="$why + {cold} (compileCache: '
                      'none)"')
-    return [*lines, 'log "bound of this start: $bound s ($why)"',
+    smoke = (f"; of its smoke request: {smoke_timeout(spec)} s ({EXECUTE_MODEL_TIMEOUT_ENV} "
+             f"{execute_model_timeout(spec)} s + {SMOKE_MARGIN_S} s)" if spec.smoke_test else "")
+    return [*lines, f'log "bound of this start: $bound s ($why){smoke}"',
             f"export {ENGINE_READY_ENV}=$bound"]
 
 

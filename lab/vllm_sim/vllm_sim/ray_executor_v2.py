@@ -102,7 +102,7 @@ class RayWorkerProc:
         # (the shard bar on rank 0 only, weight_utils.py:845-848).
         where = f"rank {self.rank} on {ray.util.get_node_ip_address()} ({socket.gethostname()})"
         loaded = load_weights(source, progress=self.rank == 0, where=where)
-        _memory_monitor()
+        _memory_monitor(self.own_env)
         time.sleep(load_seconds)
         # :193-212
         self.rpc_broadcast_mq = MessageQueue.create_from_handle(self.input_handle, self.rank)
@@ -377,17 +377,19 @@ class RayExecutorV2Sim:
             mq.remove_writer_files()
 
 
-def _memory_monitor() -> None:
+def _memory_monitor(raylet_env: dict[str, str]) -> None:
     """Ray's memory monitor on this rank's node, played where the load fills the node's
     memory: VLLM_SIM_NODE_MEMORY_USAGE (simulator-only) is the share of the node's memory in
     use once the weights are in (on a GB10 the GPU's allocations are node memory). Above
     RAY_memory_usage_threshold (0.95) with RAY_memory_monitor_refresh_ms not 0 (Ray 2.56.1's
     defaults, src/ray/common/ray_config_def.h; 250 ms: on), the raylet kills the worker, as
-    here: its message (the raylet's text), then SIGKILL."""
+    here: its message (the raylet's text), then SIGKILL. The monitor is the raylet's: its
+    settings are read from the env the rank process started with (its node's `ray start`),
+    never from the driver's env that vLLM copies in."""
     usage = os.environ.get("VLLM_SIM_NODE_MEMORY_USAGE")
-    if not usage or os.environ.get("RAY_memory_monitor_refresh_ms", "250").strip() == "0":
+    if not usage or raylet_env.get("RAY_memory_monitor_refresh_ms", "250").strip() == "0":
         return
-    threshold = float(os.environ.get("RAY_memory_usage_threshold", "0.95"))
+    threshold = float(raylet_env.get("RAY_memory_usage_threshold", "0.95"))
     if float(usage) <= threshold:
         return
     print(f"(raylet) 1 worker(s) were killed due to the node running low on memory. Memory on "
