@@ -405,7 +405,7 @@ def inspect_script(container: str, serving: list[str] | None) -> str:
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], *,
                  serves: bool = False, before_run: Sequence[str] = (), cache: bool = False,
-                 ready: Sequence[str] = ()) -> str:
+                 before_start: Sequence[str] = (), ready: Sequence[str] = ()) -> str:
     """`create` of a container command: remove leftovers, write the env-file from stdin, run,
     wait until ready (the backend's `ready` lines: the container is up and doing what it is
     for), print the container id on stdout.
@@ -413,6 +413,8 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     `serves`: the container runs vLLM's API server, and stdin carries the probe and the
     middleware after the env-file (vllm_stdin). `before_run`: the backend's checks before the
     container starts. `cache`: mount the node's compile cache, cleared on an image change.
+    `before_start`: lines right before the container starts, after the cache's (the start's
+    bound, which reads how warm the cache is).
 
     On failure the container is removed after its log tail is shown, so nothing is left
     half-done on the node and a rerun starts clean.
@@ -465,6 +467,7 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     if cache and spec.compile_cache_dir:
         lines += _cache_lines(spec, node)
     lines += [
+        *before_start,
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",
         *ready,

@@ -86,6 +86,10 @@ def test_the_api_servers_container_takes_the_starts_bound_as_vllms_engine_ready_
     assert "VLLM_ENGINE_READY_TIMEOUT_S" not in env_of(native.rank_run_argv(nat, nat.nodes[1]))
     for script in (ray_backend.vllm_start_script(spec), native.leader_start_script(nat)):
         assert script.index("export VLLM_ENGINE_READY_TIMEOUT_S=$bound") < script.index("cid=$(")
+    # rank 0's node clears its compile cache for a new image in the same script: the bound
+    # reads how warm the cache is after that
+    leader = native.leader_start_script(nat)
+    assert leader.index("clearing it for $img") < leader.index("bound=")
     with pytest.raises(SpecError, match=r"env\.VLLM_ENGINE_READY_TIMEOUT_S: set by the program "
                                         r"from vllmTimeout"):
         duo(env={"VLLM_ENGINE_READY_TIMEOUT_S": "3600"})

@@ -230,8 +230,9 @@ def leader_start_script(spec: ClusterSpec) -> str:
             # rendezvous fail to bind minutes into the start: refuse it by name first
             f'if {listening}; then fail "port {spec.master_port} (masterPort) is already in '
             f'use on {node.name} by a process outside this stack"; fi',
-            *start_bound_lines(spec),
         ],
+        # after the compile cache was cleared for a new image (cache=True): then it is cold
+        before_start=start_bound_lines(spec),
         ready=[
             f"docker cp {VLLM_FILES_DIR}/. \"$name\":{NATIVE_CONFIG_ROOT} >/dev/null "
             f'|| fail "cannot copy vLLM\'s config into {container_name(spec, LEADER)}"',

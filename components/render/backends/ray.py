@@ -56,7 +56,8 @@ GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
 # environment variable `RAY_memory_monitor_refresh_ms` to zero"). On a GB10 the GPU's
 # allocations are the node's memory: a load that fills it as planned (gpu-memory-utilization)
 # is what the monitor takes for a leak, and it kills the vLLM ranks. NVIDIA's two-Spark
-# playbook starts Ray with it off (build.nvidia.com/spark, "vLLM on two Sparks").
+# playbook starts both Ray containers with it off (github.com/NVIDIA/dgx-spark-playbooks,
+# nvidia/vllm/README.md, "Run on two Sparks", steps 4 and 5: -e RAY_memory_monitor_refresh_ms=0).
 MEMORY_MONITOR_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
 # Ray's GCS health-checks every raylet: a check every period_ms, each waiting timeout_ms for
 # an answer, and the node is dead after failure_threshold failures in a row (Ray 2.56.1
@@ -184,8 +185,8 @@ def vllm_start_script(spec: ClusterSpec) -> str:
     return start_script(
         spec, spec.head, VLLM, vllm_run_argv(spec), serves=True,
         before_run=[f"docker cp {VLLM_FILES_DIR}/. {head}:{VLLM_CONFIG_ROOT} >/dev/null "
-                    f'|| fail "cannot copy vLLM\'s config into the Ray head container"',
-                    *start_bound_lines(spec)],
+                    f'|| fail "cannot copy vLLM\'s config into the Ray head container"'],
+        before_start=start_bound_lines(spec),
         ready=serve_ready_lines(spec, [pg_check]))
 
 
