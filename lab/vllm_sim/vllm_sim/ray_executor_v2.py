@@ -101,6 +101,8 @@ class RayWorkerProc:
         # :186-190 -> WorkerProc.__init__: each rank loads the weights from its own node's disk
         # (the shard bar on rank 0 only, weight_utils.py:845-848).
         where = f"rank {self.rank} on {ray.util.get_node_ip_address()} ({socket.gethostname()})"
+        # vLLM 0.26.0 v1/worker/gpu_model_runner.py load_model's first line, in each rank
+        logger.info("Starting to load model %s...", source.model)
         loaded = load_weights(source, progress=self.rank == 0, where=where)
         _memory_monitor(self.own_env)
         time.sleep(load_seconds)
