@@ -292,13 +292,14 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
 
 def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: list[str],
                sleep_s: float = POLL_INTERVAL_S, check_every: int = 1,
-               timed_out: str | None = None) -> list[str]:
+               timed_out: str | None = None, shown: str | None = None) -> list[str]:
     """Poll until `ready_test` passes; fail when the container stops, a check fails or time is
     up. Every `check_every` rounds the container's state and (when a check matches it) its
     last 200 log lines are read once (two docker calls: many nodes share few CPUs on the lab,
     and a Spark's are busy starting Ray); `has TEXT` matches those lines without another
     process. `timeout_s`: seconds, or a shell variable's `$name` holding them (a bound the
-    script computes on the node); `timed_out`: the failure's text when time is up."""
+    script computes on the node); `timed_out`: the failure's text when time is up; `shown`:
+    the bound the progress lines name, when not `timeout_s`."""
     # the head's test reads /proc only: its log is read only by checks that match it (`has`)
     reads_logs = any("has " in test for test in (ready_test, *extra_checks))
     timed_out = timed_out or f"not ready within {timeout_s} s"
@@ -317,7 +318,7 @@ def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: l
         "  now=$(date +%s)",
         f'  [ "$now" -lt "$deadline" ] || fail "{timed_out}"',
         f'  if [ $((now - last)) -ge {PROGRESS_EVERY_S} ]; then '
-        f'last=$now; log "waiting for {what} ($((now - start)) s of {timeout_s} s)"; fi',
+        f'last=$now; log "waiting for {what} ($((now - start)) s of {shown or timeout_s} s)"; fi',
         f"  sleep {sleep_s}",
         "done",
     ]
@@ -547,7 +548,8 @@ def serve_ready_lines(spec: ClusterSpec, checks: Sequence[str]) -> list[str]:
         *_wait_loop('! kill -0 "$probe" 2>/dev/null', limit,
                     f"vLLM {spec.served_name} to serve", list(checks),
                     sleep_s=VLLM_POLL_INTERVAL_S, check_every=VLLM_CHECK_EVERY,
-                    timed_out="vLLM did not serve within $bound s ($why): $(phase)"),
+                    timed_out="vLLM did not serve within $bound s ($why): $(phase)",
+                    shown="$bound"),
         'if wait "$probe"; then probe=; else',
         "  rc=$?; probe=",
         '  logs=$(docker logs --tail 200 "$name" 2>&1 || true)',
