@@ -399,4 +399,7 @@ def _memory_monitor(raylet_env: dict[str, str]) -> None:
           f"which exceeds the memory usage threshold of {threshold}. To disable worker killing, "
           "set the environment variable `RAY_memory_monitor_refresh_ms` to zero. (simulated: "
           "VLLM_SIM_NODE_MEMORY_USAGE)", file=sys.stderr, flush=True)
+    # Ray's log monitor forwards the line to the driver before the death reaches it (the
+    # raylet's own report arrives first on a real node too)
+    time.sleep(1.0)
     os.kill(os.getpid(), signal.SIGKILL)
