@@ -493,7 +493,8 @@ def start_bound_lines(spec: ClusterSpec) -> list[str]:
             f"kib=$(du -sLk {shlex.quote(repo)} 2>/dev/null | cut -f1); kib=${{kib:-0}}",
             f"w=$((kib / 1024 / {LOAD_RATE_MIB_S} / {nodes}))",
             'if [ "$w" -gt 0 ]; then bound=$((bound + w)); '
-            f'why="$why + $w s to read $((kib / 1048576)) GiB of weights{per} at '
+            f'why="$why + $w s to read $((kib / 1048576)).$((kib * 10 / 1048576 % 10)) GiB of '
+            f'weights{per} at '
             f'{LOAD_RATE_MIB_S} MiB/s"; fi',
         ]
     cold = f"{COLD_COMPILE_S} s for a cold compile cache"

@@ -132,7 +132,7 @@ def test_the_bound_grows_with_the_weights_and_a_cold_compile_cache(tmp_path: Pat
                                stdin=c.vllm_stdin(None, None))
     assert out["exec"][-4:-2] == ["wait", str(100 + 2 + c.COLD_COMPILE_S)]
     assert (f"bound of this start: {100 + 2 + c.COLD_COMPILE_S} s (vllmTimeout 100 s + 2 s to read "
-            f"0 GiB of weights at 100 MiB/s + {c.COLD_COMPILE_S} s for a cold compile cache)"
+            f"0.2 GiB of weights at 100 MiB/s + {c.COLD_COMPILE_S} s for a cold compile cache)"
             in out["_stderr"][0])
     # warm: the node's cache holds a compiled rank; the weights' read stays
     (cc / "one" / "vllm" / "torch_compile_cache" / "h1" / "rank_0_0").mkdir(parents=True)
