@@ -43,7 +43,25 @@ OWNED_ENV = {
     # sockets under this path, so the vLLM and Ray head containers must share it
     "VLLM_RPC_BASE_PATH": "the Ray head's shared /tmp/ray (the program)",
     "VLLM_CONFIG_ROOT": "the program (it holds vLLM's non-carry-over list)",
+    # vLLM's wait for its engines with several API servers or the Rust front end: the program
+    # gives it the start's own bound (vllmTimeout and what the node must do, render/commands.py
+    # start_bound_lines), so no clock of vLLM's ends a start the program still waits for
+    "VLLM_ENGINE_READY_TIMEOUT_S": "vllmTimeout (the start's bound, computed on the node)",
 }
+# Env keys the program reads (vLLM's per-step limit, from which the smoke request's bound and
+# Ray's health checks are derived) or sets unless the operator does (Ray's memory monitor and
+# health checks, render/backends/ray.py): integers, as vLLM (int()) and Ray (its config
+# parser) read them; the least value each may take.
+NUMERIC_ENV = {
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": 1,
+    "RAY_memory_monitor_refresh_ms": 0,
+    "RAY_health_check_timeout_ms": 1,
+    "RAY_health_check_period_ms": 1,
+    "RAY_health_check_failure_threshold": 1,
+}
+# torch.distributed's default process-group timeout for NCCL, which vLLM uses when it passes
+# none (see render/backends/native.py TORCH_PG_TIMEOUT_S)
+TORCH_PG_TIMEOUT_S = 600
 # Owned only while the program stages the model (modelStaging: download or copy): the weights
 # are then on every node before vLLM starts, and no node may fetch anything on its own.
 STAGING_ENV = {"HF_HUB_OFFLINE": "modelStaging (1 while the program stages the model)"}
@@ -449,6 +467,10 @@ def _settings_problems(s: _Settings) -> list[str]:
     for key, value in s.env.items():
         if problem := _control_problem(f"env.{_printable(key)}", str(value)):
             out.append(problem)
+        elif key in NUMERIC_ENV and not (str(value).strip().isdigit()
+                                         and int(value) >= NUMERIC_ENV[key]):
+            out.append(f"env.{key}: {_printable(str(value))!r} is not a whole number of at "
+                       f"least {NUMERIC_ENV[key]}")
     if s.model_staging != "none" and not _HF_REPO_RE.match(s.model):
         out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
                    f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
@@ -462,6 +484,11 @@ def _settings_problems(s: _Settings) -> list[str]:
         if s.max_model_len is not None and owned_vllm_flags(arg, ("--max-model-len",)):
             out.append(f"vllmArgs[{j}]: --max-model-len is set by the program from maxModelLen "
                        "(remove one of them)")
+        if (s.backend == "native" and s.join_timeout > TORCH_PG_TIMEOUT_S
+                and owned_vllm_flags(arg, ("--distributed-timeout-seconds",))):
+            out.append(f"vllmArgs[{j}]: --distributed-timeout-seconds is set by the program from "
+                       f"joinTimeout ({s.join_timeout} s, above torch's {TORCH_PG_TIMEOUT_S} s); "
+                       "remove one of them")
         flags = owned_vllm_flags(arg)
         for flag in flags:
             if flag == spelled:

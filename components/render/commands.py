@@ -36,6 +36,64 @@ VLLM_CHECK_EVERY = 5
 # Progress line cadence during long waits (model loads take minutes on a Spark).
 PROGRESS_EVERY_S = 10
 
+# vLLM's own per-step limit: its multiproc executor waits this long for each rank's reply to
+# execute_model and sample_tokens, then fails the engine (vLLM 0.26.0 vllm/envs.py
+# VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, default 300; vllm/v1/executor/multiproc_executor.py
+# execute_model). An operator's env value is read instead (spec.py checks it is a number).
+VLLM_EXECUTE_MODEL_TIMEOUT_S = 300
+EXECUTE_MODEL_TIMEOUT_ENV = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
+# The smoke request's bound over that limit: its first step (prefill, kernels compiled on
+# first use) may take the whole per-step limit before vLLM itself gives up; the 15 decode
+# steps after it and the HTTP round trip take well under a second on a warm engine, and the
+# margin leaves them a minute more for kernels of their own shapes.
+SMOKE_MARGIN_S = 60
+
+# The start's bound grows with what the node must do (start_bound_lines), over vllmTimeout:
+# reading the weights into memory (per node, at a rate a Spark reaching its memory limit
+# still holds: its NVMe reads GB/s, page-cache reclaim under pressure far less) and, with a
+# cold compile cache, vLLM's torch.compile, Triton autotuning and CUDA graph capture from
+# nothing (vLLM 0.26.0 on one H200, tiny model: 16 s cold against 1 s warm for the compile
+# alone; a 122B MoE on a GB10 compiles for minutes: an allowance, not a measurement).
+LOAD_RATE_MIB_S = 100
+COLD_COMPILE_S = 900
+# vLLM's wait for its engine cores in a layout with more than one API server or the Rust
+# front end (vLLM 0.26.0 vllm/envs.py VLLM_ENGINE_READY_TIMEOUT_S, default 600;
+# vllm/v1/engine/core_client.py MPClient: the API servers start while the engines load and
+# each waits this long for their ready message; vllm/v1/utils.py passes it to the Rust front
+# end as engine_ready_timeout_secs). With one API server vLLM waits for the engines before
+# it starts it (launch_core_engines), so the variable changes nothing there. The API
+# server's container always gets the program's start bound (exported by the start script,
+# passed by name to docker): no layout's own clock ends a load the program still waits for.
+ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
+
+# What vLLM 0.26.0 logs as a start goes (the first match of the last such line in its log
+# names the phase a timed-out start was in). Sources, vLLM 0.26.0: gpu_model_runner.py
+# load_model ("Starting to load model", "Model loading took"), model_loader/weight_utils.py
+# ("Loading safetensors checkpoint shards"), default_loader.py ("Loading weights took"),
+# compilation/backends.py ("Dynamo bytecode transform time", "Compiling a graph for compile
+# range", "Directly load the compiled graph"), compilation/monitor.py ("torch.compile took",
+# "Initial profiling/warmup run took"), gpu_worker.py ("Available KV cache memory"),
+# gpu_model_runner.py ("Profiling CUDA graph memory", "Capturing CUDA graphs", "Graph
+# capturing finished"), v1/engine/core.py ("init engine (profile, create kv cache, warmup
+# model) took"); recorded in tests/fixtures/real-vllm/.
+VLLM_PHASES = (
+    ("init engine (profile, create kv cache, warmup model) took",
+     "starting its API server (the engine is up)"),
+    ("Graph capturing finished", "finishing the engine's start (CUDA graphs captured)"),
+    ("Capturing CUDA graphs", "capturing CUDA graphs"),
+    ("Profiling CUDA graph memory", "capturing CUDA graphs"),
+    ("Available KV cache memory", "allocating the KV cache"),
+    ("Initial profiling/warmup run took", "profiling memory (compiled)"),
+    ("torch.compile took", "profiling memory (compiled)"),
+    ("Compiling a graph for compile range", "compiling (torch.compile)"),
+    ("Directly load the compiled graph", "compiling (torch.compile, from the cache)"),
+    ("Dynamo bytecode transform time", "compiling (torch.compile)"),
+    ("Model loading took", "compiling or profiling (the weights are loaded)"),
+    ("Loading weights took", "compiling or profiling (the weights are loaded)"),
+    ("Loading safetensors checkpoint shards", "loading the weights"),
+    ("Starting to load model", "loading the weights"),
+)
+
 # The head counts as started once its GCS listens on rayPort: workers need nothing more to
 # join, and the head's own raylet registers while they start (the gate then checks every node,
 # the head included). Measured on the lab: GCS listening 1.2-1.5 s after `docker run`, "Ray
@@ -96,6 +154,19 @@ def container_name(spec: ClusterSpec, role: str) -> str:
 
 def env_file_name(role: str) -> str:
     return f"{role}.env"
+
+
+def execute_model_timeout(spec: ClusterSpec) -> int:
+    """vLLM's per-step limit as the containers get it: the operator's env value, else 0.26.0's
+    default."""
+    raw = spec.user_env.get(EXECUTE_MODEL_TIMEOUT_ENV)
+    return int(raw) if raw else VLLM_EXECUTE_MODEL_TIMEOUT_S
+
+
+def smoke_timeout(spec: ClusterSpec) -> int:
+    """The smoke request's bound: vLLM's per-step limit and a margin, so that a first request
+    slowed by kernels compiled on first use keeps the vLLM it took minutes to load."""
+    return execute_model_timeout(spec) + SMOKE_MARGIN_S
 
 
 def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
@@ -219,15 +290,19 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
     ]) + "\n"
 
 
-def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[str],
-               sleep_s: float = POLL_INTERVAL_S, check_every: int = 1) -> list[str]:
+def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: list[str],
+               sleep_s: float = POLL_INTERVAL_S, check_every: int = 1,
+               timed_out: str | None = None, shown: str | None = None) -> list[str]:
     """Poll until `ready_test` passes; fail when the container stops, a check fails or time is
     up. Every `check_every` rounds the container's state and (when a check matches it) its
     last 200 log lines are read once (two docker calls: many nodes share few CPUs on the lab,
     and a Spark's are busy starting Ray); `has TEXT` matches those lines without another
-    process."""
+    process. `timeout_s`: seconds, or a shell variable's `$name` holding them (a bound the
+    script computes on the node); `timed_out`: the failure's text when time is up; `shown`:
+    the bound the progress lines name, when not `timeout_s`."""
     # the head's test reads /proc only: its log is read only by checks that match it (`has`)
     reads_logs = any("has " in test for test in (ready_test, *extra_checks))
+    timed_out = timed_out or f"not ready within {timeout_s} s"
     return [
         'has() { case "$logs" in *"$1"*) return 0 ;; esac; return 1; }',
         f"deadline=$(( $(date +%s) + {timeout_s} )); start=$(date +%s); last=$start; round=0",
@@ -241,9 +316,9 @@ def _wait_loop(ready_test: str, timeout_s: int, what: str, extra_checks: list[st
         f"  if {ready_test}; then break; fi",
         *[f"  {line}" for line in extra_checks],
         "  now=$(date +%s)",
-        f'  [ "$now" -lt "$deadline" ] || fail "not ready within {timeout_s} s"',
+        f'  [ "$now" -lt "$deadline" ] || fail "{timed_out}"',
         f'  if [ $((now - last)) -ge {PROGRESS_EVERY_S} ]; then '
-        f'last=$now; log "waiting for {what} ($((now - start)) s of {timeout_s} s)"; fi',
+        f'last=$now; log "waiting for {what} ($((now - start)) s of {shown or timeout_s} s)"; fi',
         f"  sleep {sleep_s}",
         "done",
     ]
@@ -270,13 +345,6 @@ def probe_target(spec: ClusterSpec) -> list[str]:
     """HOST PORT SERVED_NAME of vllm_probe.py, as seen inside the vLLM container."""
     host = "127.0.0.1" if spec.api_host in ("0.0.0.0", "::") else spec.api_host
     return [host, str(spec.port), spec.served_name]
-
-
-def _probe(spec: ClusterSpec, mode: str, *extra: str) -> str:
-    """Run the probe (written by the vLLM command from its stdin) inside the vLLM container."""
-    return ('docker exec -i "$name" '
-            + shlex.join(["python3", "-", *probe_target(spec), mode, *extra])
-            + f" < {PROBE_FILE}")
 
 
 # The refresh-time read of vLLM (scripts/vllm_liveness.py, on stdin): /health, then a canary of
@@ -338,7 +406,7 @@ def inspect_script(container: str, serving: list[str] | None) -> str:
 
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], *,
                  serves: bool = False, before_run: Sequence[str] = (), cache: bool = False,
-                 ready: Sequence[str] = ()) -> str:
+                 before_start: Sequence[str] = (), ready: Sequence[str] = ()) -> str:
     """`create` of a container command: remove leftovers, write the env-file from stdin, run,
     wait until ready (the backend's `ready` lines: the container is up and doing what it is
     for), print the container id on stdout.
@@ -346,6 +414,8 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     `serves`: the container runs vLLM's API server, and stdin carries the probe and the
     middleware after the env-file (vllm_stdin). `before_run`: the backend's checks before the
     container starts. `cache`: mount the node's compile cache, cleared on an image change.
+    `before_start`: lines right before the container starts, after the cache's (the start's
+    bound, which reads how warm the cache is).
 
     On failure the container is removed after its log tail is shown, so nothing is left
     half-done on the node and a rerun starts clean.
@@ -398,6 +468,7 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     if cache and spec.compile_cache_dir:
         lines += _cache_lines(spec, node)
     lines += [
+        *before_start,
         f'log "starting $name on {node.identity_ip}"',
         f"cid=$({shlex.join(argv)})",
         *ready,
@@ -406,23 +477,90 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     return "\n".join(lines) + "\n"
 
 
+def start_bound_lines(spec: ClusterSpec) -> list[str]:
+    """Before the API server's container starts, on its node: the bound of this start, in
+    $bound (why in $why), from what the node must do: vllmTimeout, plus the weights' read
+    (the model's size in hfCache over the nodes, at LOAD_RATE_MIB_S), plus COLD_COMPILE_S when
+    the node's compile cache holds no compiled graph (or compileCache is none). Exported as
+    VLLM_ENGINE_READY_TIMEOUT_S, which the container takes by name."""
+    lines = [f"bound={spec.vllm_timeout}; why='vllmTimeout {spec.vllm_timeout} s'"]
+    org_name = spec.model.split("/")
+    if len(org_name) == 2 and not spec.model.startswith(("/", ".")):
+        repo = f"{spec.hf_cache.rstrip('/')}/hub/models--{org_name[0]}--{org_name[1]}/snapshots"
+        nodes = len(spec.nodes)
+        per = f" over {nodes} nodes" if nodes > 1 else ""
+        lines += [
+            f"kib=$(du -sLk {shlex.quote(repo)} 2>/dev/null | cut -f1); kib=${{kib:-0}}",
+            f"w=$((kib / 1024 / {LOAD_RATE_MIB_S} / {nodes}))",
+            'if [ "$w" -gt 0 ]; then bound=$((bound + w)); '
+            f'why="$why + $w s to read $((kib / 1048576)).$((kib * 10 / 1048576 % 10)) GiB of '
+            f'weights{per} at '
+            f'{LOAD_RATE_MIB_S} MiB/s"; fi',
+        ]
+    cold = f"{COLD_COMPILE_S} s for a cold compile cache"
+    if spec.compile_cache_dir:
+        lines += [
+            f"if [ \"$(find {shlex.quote(spec.compile_cache_dir)} -path '*/torch_compile_cache/*' "
+            "-name 'rank_*' 2>/dev/null | wc -l)\" -eq 0 ]; then "
+            f'bound=$((bound + {COLD_COMPILE_S})); why="$why + {cold}"; fi',
+        ]
+    else:
+        lines.append(f'bound=$((bound + {COLD_COMPILE_S})); why="$why + {cold} (compileCache: '
+                     'none)"')
+    smoke = (f"; of its smoke request: {smoke_timeout(spec)} s ({EXECUTE_MODEL_TIMEOUT_ENV} "
+             f"{execute_model_timeout(spec)} s + {SMOKE_MARGIN_S} s)" if spec.smoke_test else "")
+    return [*lines, f'log "bound of this start: $bound s ($why){smoke}"',
+            f"export {ENGINE_READY_ENV}=$bound"]
+
+
+def phase_lines() -> list[str]:
+    """`phase`: the phase vLLM's log shows it in (VLLM_PHASES), and its last such line."""
+    pattern = "|".join(marker.replace("(", "\\(").replace(")", "\\)").replace(".", "\\.")
+                       for marker, _ in VLLM_PHASES)
+    cases = " ".join(f'*{shlex.quote(marker)}*) p={shlex.quote(what)} ;;'
+                     for marker, what in VLLM_PHASES)
+    return [
+        "phase() {",
+        f'  l=$(docker logs "$name" 2>&1 | tr "\\r" "\\n" | grep -E "{pattern}" | tail -n 1)',
+        '  p="starting (nothing loaded yet: Python modules, the engine config, the ranks joining)"',
+        f'  case "$l" in {cases} esac',
+        '  [ -z "$l" ] || l=" (its last step: $(echo "${l#*] }" | cut -c1-160))"',
+        '  echo "vLLM was $p$l"',
+        "}",
+    ]
+
+
 def serve_ready_lines(spec: ClusterSpec, checks: Sequence[str]) -> list[str]:
     """The API server's readiness: one `docker exec` polls /health every 0.1 s for the whole
-    load and sends the smoke request the moment it passes; meanwhile the shell checks the
-    container's state and vLLM's log twice a second (the backend's `checks`, each a line that
-    fails with a reason) and sees the probe end within 0.1 s."""
-    probe = _probe(spec, "wait", str(spec.vllm_timeout), *(["smoke"] if spec.smoke_test else []))
+    load (bounded by $bound, start_bound_lines) and sends the smoke request the moment it
+    passes (bounded by smoke_timeout); meanwhile the shell checks the container's state and
+    vLLM's log twice a second (the backend's `checks`, each a line that fails with a reason)
+    and sees the probe end within 0.1 s. A start that times out names vLLM's phase."""
+    smoke = smoke_timeout(spec)
+    probe = ('docker exec -i "$name" ' + shlex.join(["python3", "-", *probe_target(spec), "wait"])
+             + ' "$bound"' + (f" smoke {smoke}" if spec.smoke_test else "") + f" < {PROBE_FILE}")
+    # the probe ends itself within $bound (+ the smoke's bound): the shell's own deadline is
+    # there for a probe that hangs (a docker exec that never returns)
+    limit = "$limit"
     return [
+        *phase_lines(),
+        f"limit=$((bound + {smoke if spec.smoke_test else 0} + 30))",
         f"{probe} >&2 &", "probe=$!",
-        *_wait_loop('! kill -0 "$probe" 2>/dev/null', spec.vllm_timeout,
+        *_wait_loop('! kill -0 "$probe" 2>/dev/null', limit,
                     f"vLLM {spec.served_name} to serve", list(checks),
-                    sleep_s=VLLM_POLL_INTERVAL_S, check_every=VLLM_CHECK_EVERY),
+                    sleep_s=VLLM_POLL_INTERVAL_S, check_every=VLLM_CHECK_EVERY,
+                    timed_out="vLLM did not serve within $bound s ($why): $(phase)",
+                    shown="$bound"),
         'if wait "$probe"; then probe=; else',
         "  rc=$?; probe=",
         '  logs=$(docker logs --tail 200 "$name" 2>&1 || true)',
         *[f"  {check}" for check in checks],
         '  if [ "$rc" -eq 2 ]; then fail "smoke request failed"; fi',
-        '  fail "vLLM did not serve (the probe says why above)"',
+        '  if [ "$rc" -eq 3 ]; then fail "the smoke request got no answer within '
+        f'{smoke} s (vLLM\'s own per-step limit, {EXECUTE_MODEL_TIMEOUT_ENV} '
+        f'{execute_model_timeout(spec)} s, and {SMOKE_MARGIN_S} s): vLLM answers /health but '
+        'does not generate"; fi',
+        '  fail "vLLM did not serve within $bound s ($why): $(phase); the probe says why above"',
         "fi",
     ]
 

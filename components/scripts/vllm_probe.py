@@ -5,8 +5,10 @@ argv: HOST PORT SERVED_NAME MODE [SECONDS [smoke [SMOKE_SECONDS]]]. MODE "ready"
 0.1 s for up to SECONDS (one `docker exec`, one Python start, for the whole load), then with
 "smoke" one short chat completion at once (printed), since vLLM's HTTP server can answer while
 generation is dead (vllm#53157). Exit 0 when ready (and answered), 1 when not ready in time, 2
-when the smoke request failed, 3 when it got no answer within SMOKE_SECONDS (default 120: a
-busy server is slow, not dead). MODE "smoke": the chat completion alone.
+when the smoke request failed, 3 when it got no answer within SMOKE_SECONDS (default 360:
+vLLM 0.26.0's own per-step limit, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS 300 s, and a minute; the
+program passes the bound it derives, commands.smoke_timeout: a first request slowed by kernels
+compiled on first use is slow, not dead). MODE "smoke": the chat completion alone.
 The API key comes from the container's env (VLLM_API_KEY), never from argv.
 """
 import json
@@ -32,6 +34,7 @@ def call(path, body=None, timeout=5.0):
 
 
 WAIT_POLL_S = 0.1
+DEFAULT_SMOKE_S = 360.0
 
 
 def ready():
@@ -91,7 +94,7 @@ try:
     extra = sys.argv[5:] if mode == "smoke" else sys.argv[6:]  # smoke [SMOKE_SECONDS]
     if mode == "smoke" or extra[:1] == ["smoke"]:
         rest = extra[1:] if extra[:1] == ["smoke"] else extra
-        smoke_s = float(rest[0]) if rest else 120.0
+        smoke_s = float(rest[0]) if rest else DEFAULT_SMOKE_S
         try:
             smoke(smoke_s)
         except (OSError, ValueError, KeyError, urllib.error.URLError) as err:

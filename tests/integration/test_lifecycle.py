@@ -4,6 +4,7 @@ on the engine's step events and on what docker and Ray on the nodes say."""
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -237,6 +238,47 @@ def test_5_vllm_only_change_keeps_ray(lab2: Lab) -> None:
     assert vllm_before != vllm_after and len(vllm_after) == 1
     assert "--max-model-len 4096" in node_sh(
         "node-1", f"docker inspect --format '{{{{join .Args \" \"}}}}' {vllm_after[0]}")
+
+
+def test_5b_a_cold_start_past_vllm_timeout_and_a_slow_first_request_serve(lab2: Lab) -> None:
+    """Each old bound, passed on the lab with small ones: a start of 12 s against vllmTimeout
+    10 s on a cleared compile cache (the bound grows: 10 s + the cold allowance), a first
+    request of 5 s against a per-step limit of 10 s (the old fixed bound, 120 s of vLLM's 300,
+    is 4 s here; the smoke bound is 10 + 60 s), on nodes whose load fills their memory
+    (vllm-sim's memory monitor kills a rank there unless its raylet's env turns it off)."""
+    from spark_vllm.components.render.commands import COLD_COMPILE_S
+    for node in NODES:  # as an image change does: the node's compile cache is cleared
+        node_sh(node, f"rm -rf /root/.cache/spark-vllm-compile/{STACK}/vllm/torch_compile_cache")
+    lab2.set("vllmTimeout", 10)
+    lab2.set("env", {"VLLM_SIM_LOAD_SECONDS": "12", "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "10",
+                     "VLLM_SIM_FIRST_REQUEST_S": "5", "VLLM_SIM_NODE_MEMORY_USAGE": "0.97"})
+    try:
+        run = ok(lab2.up())
+        out = "\n".join(run.output)
+        # the test model's weights (512 MiB over 2 nodes) add a few seconds, the cleared cache
+        # its allowance
+        said = re.search(r"bound of this start: (\d+) s \(vllmTimeout 10 s \+ (\d+) s to read "
+                         r"[0-9.]+ GiB of weights over 2 nodes at 100 MiB/s \+ (\d+) s for a "
+                         r"cold compile cache\); of its smoke request: 70 s "
+                         r"\(VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS 10 s \+ 60 s\)", out)
+        assert said, out[-3000:]
+        bound, weights, cold = (int(g) for g in said.groups())
+        assert cold == COLD_COMPILE_S and bound == 10 + weights + cold and weights < 10
+        assert "smoke request answered" in out
+        serve = [s.t for s in run.steps if s.name == "vllm-serve" and s.op.startswith("create")]
+        assert max(serve) - min(serve) >= 12 + 5, serve  # past both old bounds, and serving
+        assert_serving(lab2, lab_identities())
+        for c in containers(NODES):
+            env = node_sh(c.node, "docker inspect --format '{{join .Config.Env \" \"}}' " + c.id)
+            if c.role in RAY_ROLES:  # the monitor off, the checks as patient as vLLM's limit
+                assert "RAY_memory_monitor_refresh_ms=0" in env.split(), env
+                assert "RAY_health_check_timeout_ms=2000" in env.split(), env
+            else:  # the API server: vLLM's engine-ready clock is the start's bound
+                assert f"VLLM_ENGINE_READY_TIMEOUT_S={bound}" in env.split(), env
+        print(f"cold start past the old bounds: {run.seconds:.1f} s")
+    finally:
+        lab2.set("vllmTimeout", 120)
+        lab2.set("env", {})
 
 
 def assert_nothing_on_nodes() -> None:

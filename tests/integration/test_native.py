@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -153,6 +154,50 @@ def test_4_a_dead_headless_rank_is_seen_and_one_up_repairs_the_group(lab2n: Lab)
     assert {"vllm-rank-node-2", "vllm-leader"} <= replaced, run.ops("done")  # rank 0 with it
     after = layout()
     assert all(before[k] != after[k] for k in before)
+    assert_serving(lab2n)
+
+
+def test_4b_a_headless_rank_lost_while_rank_0_loads_is_named_within_seconds(lab2n: Lab) -> None:
+    """joinTimeout 700 s, above torch's 600 s: every rank gets it as its rendezvous timeout
+    (--distributed-timeout-seconds, which vllm-sim's rendezvous takes, as vLLM does). Then the
+    headless rank is killed while rank 0 loads (40 s): rank 0's start names its node within
+    seconds, where vLLM's rank 0 would wait in NCCL with no bound."""
+    head_ip, worker_ip = (n["fabricIp"] for n in lab2n.get("nodes"))
+    env = lab2n.get("env")
+    lab2n.set("joinTimeout", 700)
+    lab2n.set("env", {**env, "VLLM_SIM_LOAD_SECONDS": "40"})
+    killed: dict[str, object] = {}
+
+    def kill_the_rank_once_rank_0_loads() -> None:
+        end = time.monotonic() + 240
+        while time.monotonic() < end and "t" not in killed:
+            logs = node_sh("node-1", f"docker logs spark-vllm-{STACK}-vllm-leader 2>&1 || true",
+                           check=False)
+            if "Loading weights (simulated) on rank 0" in logs:
+                killed["args"] = node_sh("node-2", "docker inspect --format '{{join .Args \" \"}}' "
+                                         f"spark-vllm-{STACK}-vllm-rank")
+                node_sh("node-2", f"docker kill spark-vllm-{STACK}-vllm-rank")
+                killed["t"] = time.monotonic()
+            time.sleep(0.5)
+
+    killer = threading.Thread(target=kill_the_rank_once_rank_0_loads, daemon=True)
+    try:
+        killer.start()
+        run = lab2n.up()
+        killer.join(10)
+        assert run.error is not None and "t" in killed, (killed, run.output[-30:])
+        assert "--distributed-timeout-seconds 700" in str(killed["args"]), killed["args"]
+        failed = max(s.t for s in run.steps if s.name == "vllm-leader" and s.phase == "failed")
+        took = failed - float(killed["t"])  # type: ignore[arg-type]
+        assert took < 5, f"the lost rank was named {took:.1f} s after it died"
+        assert (f"the ranks on node-2 ({worker_ip}) lost their connection to rank 0 at "
+                f"{head_ip}:29501 while it was loading; vLLM was") in run.error, run.error[-2000:]
+        assert containers(["node-1"]) == []  # rank 0 removed: nothing half-done
+        print(f"a headless rank lost during rank 0's load named after {took:.1f} s")
+    finally:
+        lab2n.set("joinTimeout", 60)
+        lab2n.set("env", env)
+    ok(lab2n.up())
     assert_serving(lab2n)
 
 

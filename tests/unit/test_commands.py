@@ -48,7 +48,10 @@ def test_head_docker_run_argv_exact() -> None:
         "--volume", "/root/.cache/huggingface:/root/.cache/huggingface",
         # the node's compile caches: beside hfCache by default, one directory per stack
         "--volume", "/root/.cache/spark-vllm-compile/duo:/spark-vllm-cache",
-        "--volume", "/tmp/ray", "--env-file", "ray-head.env",
+        "--volume", "/tmp/ray",
+        # Ray's memory monitor off, its health checks as patient as vLLM's per-step limit
+        "--env", "RAY_memory_monitor_refresh_ms=0", "--env", "RAY_health_check_timeout_ms=60000",
+        "--env-file", "ray-head.env",
         "--env", "RAY_USAGE_STATS_ENABLED=0", "--env", "NCCL_DEBUG=WARN",
         "--env", "VLLM_HOST_IP=192.168.200.12", "--env", "VLLM_RPC_BASE_PATH=/tmp/ray",
         "--env", "HF_HUB_OFFLINE=1",  # modelStaging (default download): weights are staged
@@ -451,7 +454,9 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
     assert json.loads((copied / "ray_non_carry_over_env_vars.json").read_text()) == list(
         c.NON_CARRY_OVER_ENV)
     assert out["cp"][-1] == "spark-vllm-duo-ray-head:/tmp/ray/spark-vllm"
-    assert out["exec"][-3:] == ["wait", str(spec.vllm_timeout), "smoke"]
+    # the start's bound: vllmTimeout and a cold compile cache (the fake node has no weights)
+    assert out["exec"][-4:] == ["wait", str(spec.vllm_timeout + c.COLD_COMPILE_S), "smoke",
+                                str(c.smoke_timeout(spec))]
     assert "ready: spark-vllm-duo-vllm" in out["_stderr"][0]
 
 

@@ -172,6 +172,56 @@ def test_a_killed_rank_ends_the_server(cluster, logs):
     assert took < 30
 
 
+MONITOR = """
+import os, sys
+from vllm_sim.ray_executor_v2 import _memory_monitor
+_memory_monitor(dict(a.split("=", 1) for a in sys.argv[1:]))
+print("alive")
+"""
+
+
+@pytest.mark.parametrize(("raylet_env", "usage", "killed"), [
+    ([], "0.97", True),  # Ray's default: the monitor on, 0.95
+    (["RAY_memory_monitor_refresh_ms=0"], "0.97", False),  # what spark-vllm's containers set
+    (["RAY_memory_usage_threshold=0.98"], "0.97", False),
+    ([], "0.90", False),
+    ([], "", False),  # the simulator's knob unset: no pressure played
+])
+def test_the_memory_monitor_is_the_raylets(raylet_env, usage, killed):
+    """Without Ray: the rank's check reads the raylet's env (the rank process's own at start),
+    kills itself with the raylet's message when the node is over the threshold."""
+    import subprocess
+    import sys
+    env = {**os.environ, "VLLM_SIM_NODE_MEMORY_USAGE": usage,
+           "RAY_memory_monitor_refresh_ms": "0"}  # the driver's copy: never read
+    done = subprocess.run([sys.executable, "-c", MONITOR, *raylet_env], env=env,
+                          capture_output=True, text=True, timeout=60)
+    if killed:
+        assert done.returncode == -signal.SIGKILL, done
+        assert "1 worker(s) were killed due to the node running low on memory" in done.stderr
+    else:
+        assert done.returncode == 0 and "alive" in done.stdout, done
+
+
+def test_rays_memory_monitor_kills_a_rank_whose_node_leaves_it_on(cluster, logs):
+    """The load fills the node's memory (VLLM_SIM_NODE_MEMORY_USAGE 0.97 > Ray's 0.95): with
+    the monitor as this cluster's `ray start` left it (on, Ray's default), the rank is killed
+    with the raylet's message and vLLM does not start. The driver's own env turns nothing off:
+    the monitor is the raylet's (spark-vllm sets RAY_memory_monitor_refresh_ms=0 in every Ray
+    container, and the lab's test_lifecycle starts a loaded node under it)."""
+    s = start_serve(cluster, "m", TP2, {**V2, "VLLM_HOST_IP": HEAD_IP,
+                                        "VLLM_SIM_NODE_MEMORY_USAGE": "0.97",
+                                        "RAY_memory_monitor_refresh_ms": "0"}, logs)
+    try:
+        rc = s.wait_exit(60)
+    finally:
+        s.stop()
+    out = s.output()
+    assert rc != 0, out[-3000:]
+    assert "worker(s) were killed due to the node running low on memory" in out, out[-3000:]
+    assert "set the environment variable `RAY_memory_monitor_refresh_ms` to zero" in out
+
+
 def test_waiting_line_now_means_the_gpus_are_busy(cluster, logs):
     # One GPU held by a running engine; TP=2 asks for two: the same waiting line and error as
     # legacy (ray_utils.py:201-263), specs without a pin, no "Current node has no GPU".

@@ -21,9 +21,10 @@ from __future__ import annotations
 import ipaddress
 import shlex
 
-from ...spec import ClusterSpec, NodeSpec
+from ...spec import TORCH_PG_TIMEOUT_S, ClusterSpec, NodeSpec
 from ..commands import (
     _VLLM_ENTRY_SH,
+    ENGINE_READY_ENV,
     LEADER,
     LISTENING_SH,
     RANK,
@@ -32,6 +33,7 @@ from ..commands import (
     container_name,
     docker_run_argv,
     serve_ready_lines,
+    start_bound_lines,
     start_script,
     vllm_serve_args,
 )
@@ -46,6 +48,19 @@ REACH_TIMEOUT_S = 5
 # vLLM logs its non-default args (`'headless': True`) once the command line parsed, and then
 # "Launching vLLM ... headless multiproc executor" (entrypoints/cli/serve.py run_headless)
 HEADLESS_MARK = "headless"
+# torch.distributed's default timeout for an NCCL process group, which vLLM uses when it is
+# given none (torch/distributed/constants.py default_pg_nccl_timeout, 10 min; vLLM 0.26.0
+# config/parallel.py distributed_timeout_seconds: "If None, PyTorch's default timeout is used
+# (600s for NCCL)"). It bounds the rendezvous every rank waits in: a headless rank whose rank 0
+# is not there within it gives up, whatever joinTimeout says. vLLM 0.26.0 passes
+# --distributed-timeout-seconds to torch.distributed.init_process_group (v1/worker/
+# gpu_worker.py init_worker_distributed_environment): with a joinTimeout above torch's
+# default, every rank gets it, so the rendezvous waits as long as the program does. It also
+# bounds the group's collectives (NCCL's watchdog), so it is never set below torch's default.
+DIST_TIMEOUT_FLAG = "--distributed-timeout-seconds"
+# How often rank 0's start checks, while it loads, that every other node still holds its
+# connection to the rendezvous (in rounds of the vLLM wait: VLLM_CHECK_EVERY x 0.1 s)
+ALIVE_CHECK_EVERY = 5
 
 
 def roles(index: int) -> tuple[str, ...]:
@@ -61,6 +76,8 @@ def executor(spec: ClusterSpec, rank: int) -> list[str]:
                   "--master-addr", spec.head.identity_ip, "--master-port", str(spec.master_port)]
         if rank > 0:
             flags.append("--headless")
+        if spec.join_timeout > TORCH_PG_TIMEOUT_S:
+            flags += [DIST_TIMEOUT_FLAG, str(spec.join_timeout)]
     return flags
 
 
@@ -70,7 +87,8 @@ def _argv(spec: ClusterSpec, node: NodeSpec, role: str, rank: int) -> list[str]:
     argv = docker_run_argv(spec, node, role, "sh",
                            ["-c", _VLLM_ENTRY_SH, "vllm",
                             *vllm_serve_args(spec, executor(spec, rank))],
-                           extra=["--env", f"VLLM_CONFIG_ROOT={NATIVE_CONFIG_ROOT}"])
+                           extra=["--env", f"VLLM_CONFIG_ROOT={NATIVE_CONFIG_ROOT}",
+                                  *(["--env", ENGINE_READY_ENV] if role == LEADER else [])])
     if role == LEADER:
         # created, given the middleware, then started: it is on PYTHONPATH before vLLM starts
         assert argv[:3] == ["docker", "run", "--detach"]
@@ -182,6 +200,21 @@ def join_lines(spec: ClusterSpec) -> list[str]:
     ]
 
 
+def alive_checks(spec: ClusterSpec) -> list[str]:
+    """While rank 0 loads: every other node still holds its connection to rank 0's rendezvous
+    (the same socket-table read as join_lines' `joined`). A headless rank that dies closes it
+    (its kernel sends the FIN), and rank 0 itself would wait in NCCL with no bound: the node
+    is named within a second instead of at the end of the start's bound."""
+    if not spec.workers:
+        return []
+    master = f"{spec.head.identity_ip}:{spec.master_port}"
+    return [
+        f'if [ $((round % {ALIVE_CHECK_EVERY})) -eq 1 ] && ! joined; then fail "the ranks '
+        f'on$missing lost their connection to rank 0 at {master} while it was loading; '
+        '$(phase); their own logs say why (spark-vllm status)"; fi',
+    ]
+
+
 def _names(spec: ClusterSpec) -> str:
     return "".join(f" {n.name} ({n.identity_ip})" for n in spec.workers)
 
@@ -198,10 +231,12 @@ def leader_start_script(spec: ClusterSpec) -> str:
             f'if {listening}; then fail "port {spec.master_port} (masterPort) is already in '
             f'use on {node.name} by a process outside this stack"; fi',
         ],
+        # after the compile cache was cleared for a new image (cache=True): then it is cold
+        before_start=start_bound_lines(spec),
         ready=[
             f"docker cp {VLLM_FILES_DIR}/. \"$name\":{NATIVE_CONFIG_ROOT} >/dev/null "
             f'|| fail "cannot copy vLLM\'s config into {container_name(spec, LEADER)}"',
             'docker start "$name" >/dev/null || fail "docker start $name failed"',
             *(join_lines(spec) if spec.workers else []),
-            *serve_ready_lines(spec, []),
+            *serve_ready_lines(spec, alive_checks(spec)),
         ])

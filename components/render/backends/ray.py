@@ -12,6 +12,7 @@ import shlex
 from ...spec import ClusterSpec, NodeSpec
 from ..commands import (
     _VLLM_ENTRY_SH,
+    ENGINE_READY_ENV,
     HEAD,
     LISTENING_SH,
     VLLM,
@@ -22,8 +23,10 @@ from ..commands import (
     _wait_loop,
     container_name,
     docker_run_argv,
+    execute_model_timeout,
     script_text,
     serve_ready_lines,
+    start_bound_lines,
     start_script,
     vllm_serve_args,
 )
@@ -53,6 +56,48 @@ TCP_CONNECT_PY = ("import socket, sys; "
                   "socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()")
 
 
+# Ray's memory monitor kills workers once the node's memory passes memory_usage_threshold
+# (0.95), checked every memory_monitor_refresh_ms (250); 0 turns it off (Ray 2.56.1
+# src/ray/common/ray_config_def.h; the raylet's own log: "To disable worker killing, set the
+# environment variable `RAY_memory_monitor_refresh_ms` to zero"). On a GB10 the GPU's
+# allocations are the node's memory: a load that fills it as planned (gpu-memory-utilization)
+# is what the monitor takes for a leak, and it kills the vLLM ranks. NVIDIA's two-Spark
+# playbook starts both Ray containers with it off (github.com/NVIDIA/dgx-spark-playbooks,
+# nvidia/vllm/README.md, "Run on two Sparks", steps 4 and 5: -e RAY_memory_monitor_refresh_ms=0).
+MEMORY_MONITOR_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
+# Ray's GCS health-checks every raylet: a check every period_ms, each waiting timeout_ms for
+# an answer, and the node is dead after failure_threshold failures in a row (Ray 2.56.1
+# src/ray/common/ray_config_def.h health_check_period_ms 3000, health_check_timeout_ms 10000,
+# health_check_failure_threshold 5, read from the 2.56.1 wheel's ray._raylet.Config;
+# src/ray/gcs/gcs_health_check_manager.cc). So a raylet that stops answering, as one on a
+# Spark under memory pressure during a load does, is dead after 5 x (10 + 3) = 65 s and Ray
+# kills the vLLM actors there, while a raylet that is gone (refused at once) is dead in
+# 5 x 3 = 15 s. The program gives each check the time for Ray to wait as long as vLLM's own
+# per-step limit before it calls a node dead (timeout = limit / threshold: 60 s, 5 x 63 =
+# 315 s >= 300 s), and keeps the period and the threshold: a dead raylet is still found in
+# 15 s. An operator's value in env for any of these is honoured (docs/configuration.md).
+RAY_HEALTH_CHECK_PERIOD_MS = 3000
+RAY_HEALTH_CHECK_FAILURE_THRESHOLD = 5
+HEALTH_CHECK_TIMEOUT_ENV = "RAY_health_check_timeout_ms"
+HEALTH_CHECK_THRESHOLD_ENV = "RAY_health_check_failure_threshold"
+# every Ray setting the program sets, each one an operator may set in env instead
+RAY_ENV_KEYS = (*MEMORY_MONITOR_ENV, HEALTH_CHECK_TIMEOUT_ENV)
+
+
+def ray_env(spec: ClusterSpec) -> dict[str, str]:
+    """What the program sets in every Ray container (head and workers), less what the
+    operator set in env (which docker_run_argv passes as written)."""
+    threshold = int(spec.user_env.get(HEALTH_CHECK_THRESHOLD_ENV)
+                    or RAY_HEALTH_CHECK_FAILURE_THRESHOLD)
+    timeout_ms = -(-execute_model_timeout(spec) * 1000 // max(threshold, 1))
+    env = {**MEMORY_MONITOR_ENV, HEALTH_CHECK_TIMEOUT_ENV: str(timeout_ms)}
+    return {k: v for k, v in env.items() if k not in spec.user_env}
+
+
+def _ray_env_args(spec: ClusterSpec) -> list[str]:
+    return [arg for k, v in ray_env(spec).items() for arg in ("--env", f"{k}={v}")]
+
+
 def roles(index: int) -> tuple[str, ...]:
     """The Ray head and vLLM (the driver) on nodes[0]; a Ray worker on every other node."""
     return (HEAD, VLLM) if index == 0 else (WORKER,)
@@ -73,7 +118,7 @@ def head_run_argv(spec: ClusterSpec) -> list[str]:
     # /tmp/ray is an anonymous volume so the vLLM container can share the head's Ray session
     # (raylet and object-store sockets); see vllm_run_argv.
     return docker_run_argv(spec, spec.head, HEAD, "ray", ray_head_args(spec),
-                           extra=["--volume", "/tmp/ray"])
+                           extra=["--volume", "/tmp/ray", *_ray_env_args(spec)])
 
 
 def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
@@ -83,7 +128,8 @@ def worker_run_argv(spec: ClusterSpec, node: NodeSpec) -> list[str]:
     # have no ordering between containers, and a loop on the GPU can wedge a Spark (eugr#257).
     # A dead container stays dead and visible: `pulumi up --refresh` replaces it and its
     # dependents in order.
-    return docker_run_argv(spec, node, WORKER, "ray", ray_worker_args(spec, node))
+    return docker_run_argv(spec, node, WORKER, "ray", ray_worker_args(spec, node),
+                           extra=_ray_env_args(spec))
 
 
 def vllm_run_argv(spec: ClusterSpec) -> list[str]:
@@ -94,7 +140,9 @@ def vllm_run_argv(spec: ClusterSpec) -> list[str]:
     head = container_name(spec, HEAD)
     extra = ["--pid", f"container:{head}", "--volumes-from", head,
              "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}",
-             "--env", f"VLLM_CONFIG_ROOT={VLLM_CONFIG_ROOT}"]
+             "--env", f"VLLM_CONFIG_ROOT={VLLM_CONFIG_ROOT}",
+             # the start's bound, computed on the node (start_bound_lines), taken by name
+             "--env", ENGINE_READY_ENV]
     return docker_run_argv(spec, spec.head, VLLM, "sh",
                            ["-c", _VLLM_ENTRY_SH, "vllm", *vllm_serve_args(spec, EXECUTOR)], extra=extra)
 
@@ -151,6 +199,7 @@ def vllm_start_script(spec: ClusterSpec) -> str:
         spec, spec.head, VLLM, vllm_run_argv(spec), serves=True,
         before_run=[f"docker cp {VLLM_FILES_DIR}/. {head}:{VLLM_CONFIG_ROOT} >/dev/null "
                     f'|| fail "cannot copy vLLM\'s config into the Ray head container"'],
+        before_start=start_bound_lines(spec),
         ready=serve_ready_lines(spec, [pg_check]))
 
 

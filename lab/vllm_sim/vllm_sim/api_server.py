@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import time
 import uuid
@@ -306,11 +307,26 @@ def build_app(state: ServerState) -> FastAPI:
             return _error("Request body must be a JSON object.", "BadRequestError", 400)
         return body
 
+    # The first generation after the start waits for kernels compiled on first use (Triton,
+    # FlashInfer JIT, shapes torch.compile did not see): VLLM_SIM_FIRST_REQUEST_S, simulator-
+    # only, default 0. Only the first; it holds every request that arrives meanwhile.
+    first_wait = {"s": float(os.environ.get("VLLM_SIM_FIRST_REQUEST_S") or 0)}
+    first_lock = asyncio.Lock()
+
+    async def _first_generation() -> None:
+        async with first_lock:
+            seconds, first_wait["s"] = first_wait["s"], 0.0
+            if seconds > 0:
+                logger.info("First request: compiling kernels on first use (simulated, %.1f s)",
+                            seconds)
+                await asyncio.sleep(seconds)
+
     async def _complete(body: dict[str, Any], said: str, prompt_text: str, chat: bool) -> Response:
         if (bad := _check_model(body)) is not None:
             return bad
         if not await engine_alive():
             return _engine_error()
+        await _first_generation()
         text = _answer(said)
         prompt_tokens = _count_tokens(prompt_text)
         limit = body.get("max_tokens")

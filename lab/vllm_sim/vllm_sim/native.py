@@ -415,6 +415,9 @@ def _raise_in_worker(exc: BaseException, legacy: bool) -> WorkerFailedError:
 
 def _load(source: ModelSource, rank: int, load_s: float) -> tuple[Loaded | None, float]:
     where = f"rank {rank} on {get_ip()} ({socket.gethostname()})"
+    # vLLM 0.26.0 v1/worker/gpu_model_runner.py load_model's first line (spark-vllm names the
+    # phase of a start from it)
+    logger.info("Starting to load model %s...", source.model)
     logger.info("Loading weights (simulated) on rank %d... %s", rank, source.model)
     t0 = time.time()
     loaded = load_weights(source, progress=rank == 0, where=where)

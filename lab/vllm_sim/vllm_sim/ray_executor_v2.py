@@ -23,7 +23,9 @@ actors are killed, the failure callback fires.
 """
 
 import os
+import signal
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -99,7 +101,10 @@ class RayWorkerProc:
         # :186-190 -> WorkerProc.__init__: each rank loads the weights from its own node's disk
         # (the shard bar on rank 0 only, weight_utils.py:845-848).
         where = f"rank {self.rank} on {ray.util.get_node_ip_address()} ({socket.gethostname()})"
+        # vLLM 0.26.0 v1/worker/gpu_model_runner.py load_model's first line, in each rank
+        logger.info("Starting to load model %s...", source.model)
         loaded = load_weights(source, progress=self.rank == 0, where=where)
+        _memory_monitor(self.own_env)
         time.sleep(load_seconds)
         # :193-212
         self.rpc_broadcast_mq = MessageQueue.create_from_handle(self.input_handle, self.rank)
@@ -372,3 +377,29 @@ class RayExecutorV2Sim:
         for mq in self.response_mqs:
             mq.close()
             mq.remove_writer_files()
+
+
+def _memory_monitor(raylet_env: dict[str, str]) -> None:
+    """Ray's memory monitor on this rank's node, played where the load fills the node's
+    memory: VLLM_SIM_NODE_MEMORY_USAGE (simulator-only) is the share of the node's memory in
+    use once the weights are in (on a GB10 the GPU's allocations are node memory). Above
+    RAY_memory_usage_threshold (0.95) with RAY_memory_monitor_refresh_ms not 0 (Ray 2.56.1's
+    defaults, src/ray/common/ray_config_def.h; 250 ms: on), the raylet kills the worker, as
+    here: its message (the raylet's text), then SIGKILL. The monitor is the raylet's: its
+    settings are read from the env the rank process started with (its node's `ray start`),
+    never from the driver's env that vLLM copies in."""
+    usage = os.environ.get("VLLM_SIM_NODE_MEMORY_USAGE")
+    if not usage or raylet_env.get("RAY_memory_monitor_refresh_ms", "250").strip() == "0":
+        return
+    threshold = float(raylet_env.get("RAY_memory_usage_threshold", "0.95"))
+    if float(usage) <= threshold:
+        return
+    print(f"(raylet) 1 worker(s) were killed due to the node running low on memory. Memory on "
+          f"the node (IP: {ray.util.get_node_ip_address()}) was {float(usage):.2f} of its total, "
+          f"which exceeds the memory usage threshold of {threshold}. To disable worker killing, "
+          "set the environment variable `RAY_memory_monitor_refresh_ms` to zero. (simulated: "
+          "VLLM_SIM_NODE_MEMORY_USAGE)", file=sys.stderr, flush=True)
+    # Ray's log monitor forwards the line to the driver before the death reaches it (the
+    # raylet's own report arrives first on a real node too)
+    time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
