@@ -125,7 +125,8 @@ def _identity(cli: Pulumi, lab: dict[str, Any]) -> None:
 
 def _node_added(cli: Pulumi, _lab: dict[str, Any]) -> None:
     nodes = cli.value("nodes")
-    template = {k: v for k, v in nodes[-1].items() if k != "hostKey"}  # node-3 has no key
+    # node-3 never answers (a preview contacts no node): node-2's key stands in for its pin
+    template = dict(nodes[-1])
     nodes.append({**template, "name": "node-3", "host": NODE3_HOST, "fabricIp": NODE3_FABRIC_IP})
     cli.set("nodes", nodes)
     cli.set("tensorParallelSize", 3)

@@ -10,7 +10,10 @@ the preview's JSON digest (pkg/display/json.go: `steps[]` with `op`, `urn`, `old
 role, with the action, the cause in config terms and the consequence.
 
 What it reads of a step: the container commands' `triggers` ([facts, links]: node.py
-`container_command`; the gate's are [links]) and the *names* of other changed properties.
+`container_command`; the gate's are [links]), the paths of the engine's detailed diff (a
+rotated apiKey is a secret digest in the links: both sides read "[secret]") and the *names* of
+other changed properties. Only triggers replace a command; any other change is an update, in
+place: a container is kept (nothing restarts), a check runs again.
 Facts are non-secret by construction (invariant 3); `stdin` and `connection` carry the secrets
 and are only ever named, never shown. Pulumi already prints secrets as "[secret]" in this
 JSON; a value still wrapped as a secret is shown as "[secret]" too.
@@ -65,10 +68,22 @@ DERIVED_ENV = {
     "GLOO_SOCKET_IFNAME": "fabricInterface", "TP_SOCKET_IFNAME": "fabricInterface",
     "UCX_NET_DEVICES": "fabricInterface", "NCCL_IB_HCA": "ibHca",
 }
-_FACT_ORDER = ("identityIp", "host", "image", "env", "imagePull", "model", "servedModelName",
-               "tensorParallelSize", "pipelineParallelSize", "vllmArgs", "port", "rayPort")
-SECRET_STDIN = "secret changed (apiKey or hfToken)"
-SECRET_CONNECTION = "SSH connection (secret) changed"
+_FACT_ORDER = ("identityIp", "host", "user", "image", "env", "imagePull", "model",
+               "servedModelName", "tensorParallelSize", "pipelineParallelSize", "vllmArgs", "port",
+               "rayPort")
+# node.py `served_files`: what the API server's container runs besides the image
+FILE_CAUSES = {"spark_vllm_auth.py": "the API-key middleware changed (spark_vllm_auth.py)",
+               "ray_non_carry_over_env_vars.json":
+                   "the env keys vLLM keeps from its ranks changed"}
+API_KEY_ROTATED = "apiKey rotated (vLLM reads it at start)"
+API_KEY_ROTATED_RANK = "apiKey rotated (rank 0 serves the API, and the group forms once)"
+ARGV = "docker run line"  # a cause of its own only when no named fact explains it
+# what the headline repeats after "vLLM reloads the model (node)": what the program owns
+# changed, not a config key the reviewer edited
+PROGRAM_CAUSES = (*FILE_CAUSES.values(), API_KEY_ROTATED, f"{ARGV}:")
+SECRET_STDIN = "stdin (secret) changed: a new hfToken, SSH key or program text"
+SECRET_CONNECTION = "SSH connection (secret) changed: the new key or host key is stored"
+SCRIPTS = "its scripts changed (an upgrade of spark-vllm)"
 NODE_ADDED, NODE_REMOVED = "node added", "node removed"
 VLLM_RELOADS = "vLLM reloads the model (minutes of downtime on a Spark)"
 STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missing there) and "
@@ -198,6 +213,7 @@ class _Resource:
     old: dict[str, Any] | None  # inputs
     new: dict[str, Any] | None
     changed: set[str]  # top-level property names the engine says differ
+    paths: set[str]  # the detailed diff's paths (e.g. triggers[1].apiKey)
     states: list[Any]  # every `state` output seen (liveness companions)
 
 
@@ -227,7 +243,8 @@ def _fold(steps: list[dict[str, Any]]) -> dict[str, _Resource]:
     for step in steps:
         _, typ, name = _urn_parts(step["urn"])
         action = _ACTION.get(step["op"], UPDATE)  # an op unknown to us: assume a change
-        res = out.setdefault(step["urn"], _Resource(name, typ, KEEP, None, None, set(), []))
+        res = out.setdefault(step["urn"],
+                             _Resource(name, typ, KEEP, None, None, set(), set(), []))
         old, new = _inputs(step.get("oldState")), _inputs(step.get("newState"))
         if _STRENGTH[action] >= _STRENGTH[res.action]:
             res.action = action
@@ -236,6 +253,7 @@ def _fold(steps: list[dict[str, Any]]) -> dict[str, _Resource]:
             res.changed |= {str(k) for k in step.get("diffReasons") or []}
             res.changed |= {str(k) for k in step.get("replaceReasons") or []}
             res.changed |= {_top_key(p) for p in step.get("detailedDiff") or {}}
+            res.paths |= {str(p) for p in step.get("detailedDiff") or {}}
         for state in (step.get("oldState"), step.get("newState")):
             if isinstance(state, dict) and isinstance(state.get("outputs"), dict):
                 res.states.append(_clean(state["outputs"].get("state")))
@@ -305,14 +323,31 @@ def fact_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     keys += sorted((old.keys() | new.keys()) - set(_FACT_ORDER) - {"node"})
     causes: list[str] = []
     for key in keys:
-        if old.get(key) == new.get(key):
+        if old.get(key) == new.get(key) or key == "argv":
             continue
         old_env, new_env = old.get(key) or {}, new.get(key) or {}
         if key == "env" and isinstance(old_env, dict) and isinstance(new_env, dict):
             causes += _env_causes(old_env, new_env, causes)
+        elif key == "files" and isinstance(old_env, dict) and isinstance(new_env, dict):
+            causes += [FILE_CAUSES.get(f, f"{f} changed")
+                       for f in sorted(old_env.keys() | new_env.keys())
+                       if old_env.get(f) != new_env.get(f)]
         else:
             causes.append(_change(key, old.get(key), new.get(key)))
+    if not causes and old.get("argv") != new.get("argv"):
+        causes.append(argv_cause(old.get("argv"), new.get("argv")))
     return causes
+
+
+def argv_cause(old: Any, new: Any) -> str:
+    """The container's `docker run` line changed and no named fact says why (an upgrade of
+    spark-vllm that runs the container differently): the words it lost and gained."""
+    if not isinstance(old, list) or not isinstance(new, list):
+        return _change(ARGV, old, new)
+    lost = [w for w in old if w not in new]
+    gained = [w for w in new if w not in old]
+    return f"{ARGV}: " + show([*(f"-{w}" for w in lost), *(f"+{w}" for w in gained)]
+                              or ["(reordered)"])
 
 
 # memory_check.py `payload`: its keys as the config (or vLLM, for a flag) names them
@@ -386,7 +421,7 @@ def _link_label(key: str) -> str:
         return f"the group's rank on {key.removeprefix('liveness@vllm-rank-')} (seen dead)"
     if key == "liveness@vllm-leader":
         return "the group's rank 0 (seen dead)"
-    if key in ("rank0Script", "rank0Stdin"):
+    if key == "rank0":
         return "rank 0"
     return key
 
@@ -396,7 +431,7 @@ def _member(key: str) -> str:
     own link (`rank@<node>`): its liveness was not seen dead, it is new or gone."""
     if key.startswith("liveness@vllm-rank-"):
         return f"rank@{key.removeprefix('liveness@vllm-rank-')}"
-    return "rank0Script" if key == "liveness@vllm-leader" else key
+    return "rank0" if key == "liveness@vllm-leader" else key
 
 
 def _link_order(key: str) -> tuple[int, str]:
@@ -411,6 +446,8 @@ def link_causes(old: dict[str, Any], new: dict[str, Any], dead: str | None,
     moved: list[str] = []
     cascade: list[str] = []
     for key in sorted(old.keys() | new.keys(), key=_link_order):
+        if key in API_KEYS:  # a secret digest: its change is read from the diff's paths
+            continue
         if old.get(key) == new.get(key) and new.get(key) != UNKNOWN:
             continue
         if key == "liveness":
@@ -430,9 +467,28 @@ def _because(items: list[str]) -> str:
     return f"replaced because {said} {'is' if len(items) == 1 else 'are'}"
 
 
-# native_group.py: a headless rank's triggers hold a secret digest of rank 0's stdin (the
-# apiKey and hfToken); the engine names the path it differs at, the values are both "[secret]"
-_RANK0_STDIN = re.compile(r"\brank0Stdin\b")
+# node.py `api_key_digest`: the serving container's links hold the apiKey's secret digest
+# (`apiKey`), a native headless rank's hold rank 0's (`rank0ApiKey`); the engine names the path
+# it differs at, the values are both "[secret]"
+API_KEYS = {"apiKey": API_KEY_ROTATED, "rank0ApiKey": API_KEY_ROTATED_RANK}
+_API_KEY_PATH = re.compile(r"\b(apiKey|rank0ApiKey)\b")
+
+
+def update_causes(role: str, res: _Resource) -> tuple[str, ...]:
+    """Why a command changes in place: what it is did not change (its triggers), so nothing
+    restarts; a container is kept, a check runs again with the new inputs."""
+    causes = []
+    for key in sorted(res.changed):
+        if key == "connection":
+            causes.append(SECRET_CONNECTION)
+        elif key == "stdin":
+            causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY)
+                          else "stdin (secret) changed: a new SSH key or program text")
+        elif key in ("create", "update", "delete"):
+            causes += [SCRIPTS] if SCRIPTS not in causes else []
+        else:
+            causes.append(f"{key} changed")
+    return tuple(causes) or ("changed in place",)
 
 
 def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
@@ -446,6 +502,8 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
         return (NODE_ADDED,) if node_new else ("new in the program",)
     if res.action == DELETE:
         return (NODE_REMOVED,) if node_gone else ("removed from the program",)
+    if res.action == UPDATE:
+        return update_causes(role, res)
     old_facts, old_links = _split(role, res.old)
     new_facts, new_links = _split(role, res.new)
     if old_facts is None or new_facts is None:
@@ -456,15 +514,8 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
         died.append(f"{seen} {dead}")
     facts = memory_causes if role == MEMORY else fact_causes
     causes = [*died, *facts(old_facts, new_facts)]
-    if ("stdin" in res.changed or any(_RANK0_STDIN.search(k) for k in res.changed)) \
-            and role not in (IMAGES, MEMORY):
-        causes.append(SECRET_STDIN)
-    elif "stdin" in res.changed and not causes and role == MEMORY:  # the key, its program
-        causes.append("its program (an upgrade of spark-vllm) or the SSH key changed")
-    elif "stdin" in res.changed and not causes:  # the image check's: the key, where nodes are
-        causes.append("a node's address, user or host key changed")
-    if "connection" in res.changed and not any(c.startswith("host:") for c in causes):
-        causes.append(SECRET_CONNECTION)
+    causes += sorted({API_KEYS[m.group(1)] for p in res.paths
+                      if (m := _API_KEY_PATH.search(p))})
     causes += moved
     if not causes and cascade:
         causes.append(_because(cascade))
@@ -652,7 +703,10 @@ def headline(s: Summary, markdown: bool = False) -> str:
     if v := s.vllm:
         what = {REPLACE: "vLLM reloads the model", CREATE: "vLLM loads the model",
                 DELETE: "vLLM stops"}.get(v.action, "vLLM changes in place")
-        parts.append(f"{loud(what)} ({v.node})")
+        # what the program owns that vLLM runs, said here: no config line of the PR shows it
+        why = [c for c in v.causes if c.startswith(PROGRAM_CAUSES)] \
+            if v.action == REPLACE else []
+        parts.append(f"{loud(what)} ({v.node})" + (f": {'; '.join(why)}" if why else ""))
     if switch := s.backend_switch:
         parts.insert(0, loud(f"The backend changes from {switch[0]} to {switch[1]}")
                      + ": every container is replaced, the old ones stopped on every node first")

@@ -206,7 +206,12 @@ def test_image_digest_pins_the_content(tmp_path, digest: str, refused: str | Non
         assert f"  node-1  {A}  reg/vllm@{C}" in out.stderr
 
 
-def test_every_staging_command_is_replaced_never_mutated() -> None:
+def test_every_staging_command_is_replaced_on_its_triggers_and_runs_again_on_any_other_change(
+        ) -> None:
+    """A new SSH key (in a copy's and the image check's stdin) or script text is an update,
+    which runs `create` again (no `update`): it copies or stages nothing that is there."""
     for name, r in graph(4, tensorParallelSize=2, pipelineParallelSize=2).items():
         if r.type == CMD and (name.startswith("model-") or name == "image-check"):
-            assert r.delete_before_replace and "*" in r.replace_on_changes, name
+            assert r.delete_before_replace, name
+            assert set(r.replace_on_changes) == {"triggers", "triggers[*]"}, name
+            assert r.plain("update") is None and not r.ignore_changes, name
