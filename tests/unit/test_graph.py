@@ -363,3 +363,33 @@ print("not reached", flush=True)
     assert out.returncode == BAIL_EXIT_CODE, out
     assert out.stdout == "raised: Resource monitor has terminated, shutting down\n"
     assert out.stderr == ""
+
+
+def test_new_script_text_changes_no_trigger_and_a_new_middleware_only_the_api_servers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgrade of spark-vllm that rewords the scripts around the containers (their logs,
+    the readiness probe) changes `create` and `stdin`, an update; only what a container runs
+    (here the API-key middleware, by content) is in its triggers, and replaces it."""
+    before = graph(2)
+    real = c.script_text
+    def prelude(spec: object, node: c.NodeSpec, what: str) -> list[str]:
+        return ["set -eu", 'PATH="$PATH:/usr/sbin:/sbin"', f"node={node.name}",
+                f'log() {{ echo "[spark-vllm] {what} on $node: $*" >&2; }}']
+    monkeypatch.setattr(c, "_prelude", prelude)
+    monkeypatch.setattr(ray, "_prelude", prelude)
+    monkeypatch.setattr(c, "script_text", lambda name: real(name) + (
+        "# reworded\n" if name == "vllm_probe.py" else ""))
+    reworded = graph(2)
+    containers = ("ray-head", "ray-worker-node-2", "ray-gate", "vllm-serve")
+    for name in containers:
+        assert reworded[name].plain("create") != before[name].plain("create"), name
+        assert reworded[name].plain("triggers") == before[name].plain("triggers"), name
+    assert reworded["vllm-serve"].plain("stdin") != before["vllm-serve"].plain("stdin")
+    monkeypatch.setattr(c, "script_text", lambda name: real(name) + (
+        "# a fix\n" if name == "spark_vllm_auth.py" else ""))
+    fixed = graph(2)
+    changed = {n for n in containers
+               if fixed[n].plain("triggers") != before[n].plain("triggers")}
+    assert changed == {"vllm-serve"}
+    assert fixed["vllm-serve"].plain("triggers")[0]["files"]["spark_vllm_auth.py"] != \
+        before["vllm-serve"].plain("triggers")[0]["files"]["spark_vllm_auth.py"]
