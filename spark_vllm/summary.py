@@ -539,14 +539,17 @@ def consequence(role: str, action: str) -> str:
         return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
                 REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",
                 UPDATE: "nothing restarts"}[action]
+    # an update runs `create` again with the new inputs (no `update`: node.py node_command)
     if role == MODEL:
         return {KEEP: "", CREATE: STAGED_ON_HEAD, REPLACE: STAGED_ON_HEAD,
-                DELETE: WEIGHTS_STAY, UPDATE: "nothing runs"}[action]
+                DELETE: WEIGHTS_STAY, UPDATE: STAGED_ON_HEAD}[action]
     if role == COPY:
         return {KEEP: "", CREATE: COPIED, REPLACE: COPIED, DELETE: WEIGHTS_STAY,
-                UPDATE: "nothing runs"}[action]
-    if role == MEMORY and action in (CREATE, REPLACE):
+                UPDATE: COPIED}[action]
+    if role == MEMORY and action in (CREATE, REPLACE, UPDATE):
         return "vLLM's memory is estimated again against each node's free memory, first"
+    if action == UPDATE:
+        return "runs again (a check); nothing restarts"
     return "" if action == KEEP else "nothing runs (a check)"
 
 
