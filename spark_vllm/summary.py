@@ -80,10 +80,12 @@ API_KEY_ROTATED_RANK = "apiKey rotated (rank 0 serves the API, and the group for
 ARGV = "docker run line"  # a cause of its own only when no named fact explains it
 # what the headline repeats after "vLLM reloads the model (node)": what the program owns
 # changed, not a config key the reviewer edited
-PROGRAM_CAUSES = (*FILE_CAUSES.values(), API_KEY_ROTATED, f"{ARGV}:")
+PROGRAM_CAUSES = (*FILE_CAUSES.values(), API_KEY_ROTATED, f"{ARGV}:", "its triggers now hold")
 SECRET_STDIN = "stdin (secret) changed: a new hfToken, SSH key or program text"
 SECRET_CONNECTION = "SSH connection (secret) changed: the new key or host key is stored"
 SCRIPTS = "its scripts changed (an upgrade of spark-vllm)"
+RECORDED_ONCE = ("its triggers now hold what it is (its docker run line and files): replaced "
+                 "once, on the upgrade from a release whose triggers did not")
 NODE_ADDED, NODE_REMOVED = "node added", "node removed"
 VLLM_RELOADS = "vLLM reloads the model (minutes of downtime on a Spark)"
 STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missing there) and "
@@ -319,6 +321,8 @@ def _change(key: str, old: Any, new: Any) -> str:
 
 def fact_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key: old → new` for every fact that differs, env keys one by one."""
+    if "argv" in new and "argv" not in old and old:
+        return [RECORDED_ONCE]  # state written before the facts held the docker run line
     keys = [k for k in _FACT_ORDER if k in old or k in new]
     keys += sorted((old.keys() | new.keys()) - set(_FACT_ORDER) - {"node"})
     causes: list[str] = []
@@ -482,8 +486,9 @@ def update_causes(role: str, res: _Resource) -> tuple[str, ...]:
         if key == "connection":
             causes.append(SECRET_CONNECTION)
         elif key == "stdin":
-            causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY)
-                          else "stdin (secret) changed: a new SSH key or program text")
+            causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY) else
+                          "stdin (secret) changed: the SSH key, how the head reaches the "
+                          "nodes, or its program")
         elif key in ("create", "update", "delete"):
             causes += [SCRIPTS] if SCRIPTS not in causes else []
         else:

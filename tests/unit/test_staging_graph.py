@@ -16,6 +16,7 @@ from tests.unit.harness import (
     IMAGE_ID,
     SECRET_SIG,
     SSH_KEY,
+    TEST_HOST_KEY,
     lab_nodes,
     run,
     spec_from,
@@ -123,7 +124,8 @@ def test_image_check_names_what_it_compares_and_asks_the_nodes_itself() -> None:
     assert key.strip() == SSH_KEY and check.inputs["stdin"][SECRET_SIG]
     assert program == f"PAYLOAD = {staging_commands.image_check_payload(spec_from(lab_nodes(2), imageDigest=IMAGE_ID))!r}\n" + c.script_text("image_check.py")
     assert json.loads(staging_commands.image_check_payload(spec_from(lab_nodes(2))))["nodes"][1] == {
-        "name": "node-2", "ip": "192.168.231.12", "user": "root", "port": 22, "hostKey": ""}
+        "name": "node-2", "ip": "192.168.231.12", "user": "root", "port": 22,
+        "hostKey": TEST_HOST_KEY}
     # a pinned digest restarts the containers when it changes (the content changed)
     assert g["ray-head"].plain("triggers")[0]["imageDigest"] == IMAGE_ID
     assert "imageDigest" not in graph(2)["ray-head"].plain("triggers")[0]

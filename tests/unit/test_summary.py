@@ -406,19 +406,68 @@ def test_the_memory_check_runs_again_first_where_its_estimate_changes(backend: s
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_memory_check_alone_starts_nothing(backend: str) -> None:
-    """An upgrade of spark-vllm that changes only the check's program (its stdin) runs it again
-    and restarts nothing: the noop capture with that one step made a replace."""
+    """An upgrade of spark-vllm that changes only the check's program (its stdin) is an update:
+    the check runs again and restarts nothing: the noop capture with that one step updated."""
     doc = preview("noop", backend)
     step = next(s for s in doc["steps"] if s["urn"].endswith("::memory-check"))
-    step.update(op="replace", diffReasons=["stdin"], replaceReasons=["stdin"])
+    step.update(op="update", diffReasons=["stdin"])
     s = summary.summarize(doc)
     assert [r for r in rows(s) if r[2] != "keep"] == [
-        ("node-1", "memory check", "replace",
-         "its program (an upgrade of spark-vllm) or the SSH key changed", MEMORY_AGAIN)]
+        ("node-1", "memory check", "update",
+         "stdin (secret) changed: the SSH key, how the head reaches the nodes, or its program",
+         MEMORY_AGAIN)]
     assert summary.headline(s) == "Nothing restarts: only checks run again."
     assert summary.what_restarts(s) == (NATIVE_WHAT_RESTARTS if backend == "native"
                                         else WHAT_RESTARTS)["noop"]
     assert s.compile_cache == ""
+
+
+def _vllm_replaced(backend: str, change: Any) -> summary.Summary:
+    """The noop capture with the API server's container replaced: `change(old, new)` edits
+    a copy of its triggers' facts into the new state's."""
+    import copy
+
+    doc = preview("noop", backend)
+    name = "::vllm-leader" if backend == "native" else "::vllm-serve"
+    step = next(s for s in doc["steps"] if s["urn"].endswith(name))
+    new_state = copy.deepcopy(step["newState"])
+    facts = new_state["inputs"]["triggers"][0]
+    change(facts)
+    step.update(op="replace", newState=new_state, diffReasons=["triggers"],
+                replaceReasons=["triggers"], detailedDiff={"triggers[0]": {"kind": "update"}})
+    return summary.summarize(doc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_new_middleware_says_so_in_the_row_and_the_headline(backend: str) -> None:
+    s = _vllm_replaced(backend, lambda f: f["files"].update({"spark_vllm_auth.py": "0" * 16}))
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == (summary.FILE_CAUSES["spark_vllm_auth.py"],)
+    assert summary.headline(s).startswith(
+        "vLLM reloads the model (node-1): the API-key middleware changed (spark_vllm_auth.py)")
+
+
+def test_a_new_docker_run_line_alone_names_the_words_it_changed() -> None:
+    def argv(f: dict[str, Any]) -> None:
+        f["argv"] = [w for w in f["argv"] if w != "--ipc"] + ["--ulimit", "memlock=-1"]
+    s = _vllm_replaced("ray", argv)
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == ("docker run line: ---ipc +--ulimit +memlock=-1",)
+    assert "docker run line" in summary.headline(s)
+
+
+def test_state_from_before_the_docker_run_line_was_recorded_says_it_is_replaced_once() -> None:
+    import copy
+
+    doc = preview("noop")
+    step = next(s for s in doc["steps"] if s["urn"].endswith("::vllm-serve"))
+    old_state = copy.deepcopy(step["oldState"])
+    for key in ("argv", "files", "user"):
+        old_state["inputs"]["triggers"][0].pop(key, None)
+    step.update(op="replace", oldState=old_state, diffReasons=["triggers"])
+    s = summary.summarize(doc)
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == (summary.RECORDED_ONCE,)
 
 
 @pytest.mark.parametrize(("backend", "kind"), BOTH_BACKENDS)
