@@ -708,7 +708,7 @@ def headline(s: Summary, markdown: bool = False) -> str:
     if s.is_noop:
         return "No change: nothing restarts."
     parts = []
-    if v := s.vllm:
+    if (v := s.vllm) and v.action != UPDATE:  # an update keeps it: said below
         what = {REPLACE: "vLLM reloads the model", CREATE: "vLLM loads the model",
                 DELETE: "vLLM stops"}.get(v.action, "vLLM changes in place")
         # what the program owns that vLLM runs, said here: no config line of the PR shows it
@@ -741,6 +741,9 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append("Ray keeps running")
     if not parts:
         checks = [r for r in s.changed() if r.role in CHECKS]
+        if [r for r in s.changed() if r.action == UPDATE and r.role in (HEAD, WORKER, RANK, VLLM)]:
+            return ("Nothing restarts: every container is kept (updated in place)"
+                    + ("; checks run again." if checks else "."))
         return ("Nothing restarts: only checks run again." if checks else
                 f"Nothing restarts: {_count(s.other_changes, 'resource')} change in place.")
     return " · ".join(parts)
