@@ -232,7 +232,7 @@ def keep_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
         '  log "kept: $name ${cid%"${cid#????????????}"} (nothing restarts)"; echo "$cid"; exit 0',
         "fi",
         'log "FAILED: $name is not on $node, so it cannot be kept; nothing was changed: '
-        '`pulumi up --refresh` starts it again"',
+        '\'pulumi up --refresh\' starts it again"',
         "exit 1",
     ]) + "\n"
 
