@@ -489,6 +489,8 @@ def update_causes(role: str, res: _Resource) -> tuple[str, ...]:
             causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY) else
                           "stdin (secret) changed: the SSH key, how the head reaches the "
                           "nodes, or its program")
+        elif key == "create" and role == GATE:  # gate_script holds the preflights' reports
+            causes.append("the preflights' reports it compares are read again")
         elif key in ("create", "update", "delete"):
             causes += [SCRIPTS] if SCRIPTS not in causes else []
         else:
@@ -519,6 +521,8 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
         died.append(f"{seen} {dead}")
     facts = memory_causes if role == MEMORY else fact_causes
     causes = [*died, *facts(old_facts, new_facts)]
+    if cascade and causes and all(c.startswith(f"{ARGV}:") for c in causes[len(died):]):
+        del causes[len(died):]  # its line names what it runs on (the head's address): moved
     causes += sorted({API_KEYS[m.group(1)] for p in res.paths
                       if (m := _API_KEY_PATH.search(p))})
     causes += moved
@@ -733,7 +737,7 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"Ray stops on {', '.join(stopped)}")
     if gone := s.rank_nodes(DELETE):
         parts.append(_ranks_stop(gone))
-    if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
+    if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         parts.append(f"the model is copied to {', '.join(copies)}")
     elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
         parts.append("the model is staged again on the head")
@@ -773,7 +777,7 @@ def what_restarts(s: Summary) -> str:
     if switch := s.backend_switch:
         line += (f" The backend changes from {switch[0]} to {switch[1]}: each node's preflight "
                  f"stops the {switch[0]} backend's containers there before any new one starts.")
-    if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
+    if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     if s.compile_cache:
         line += " " + s.compile_cache
