@@ -217,5 +217,7 @@ def test_6_an_api_key_rotation_replaces_the_api_servers_container_only(lab2: Lab
 def test_7_destroy_with_the_new_key_leaves_nothing(lab2: Lab) -> None:
     ok(lab2.destroy())
     assert running() == {}
-    for node in NODES:  # no env-file left with a secret in it
-        assert not in_node(node, "ls -A /root/.spark-vllm 2>/dev/null || true").strip(), node
+    for node in NODES:  # the stack's env-files (the secrets) went with their containers
+        left = in_node(node, f"ls -A /root/.spark-vllm/{STACK} 2>&1 || true").strip()
+        assert "No such file or directory" in left, (node, left)
+        assert not in_node(node, "find /root/.spark-vllm -name '*.env'").strip(), node
