@@ -7,7 +7,7 @@ for Ray (backends/native.py says what vLLM requires).
 
 from __future__ import annotations
 
-import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,8 +15,10 @@ import pulumi
 
 from .node import (
     SparkNode,
+    api_key_digest,
     container_command,
-    env_facts,
+    container_facts,
+    digest,
     env_file_stdin,
     liveness_of,
     vllm_stdin_secret,
@@ -46,10 +48,6 @@ def engine_facts(spec: ClusterSpec) -> dict[str, Any]:
             "vllmArgs": list(spec.vllm_args)}
 
 
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
 class NativeGroup(pulumi.ComponentResource):
     """Headless ranks, then rank 0 serving the API, on their identity IPs."""
 
@@ -69,15 +67,18 @@ class NativeGroup(pulumi.ComponentResource):
         # a new one, and a new rank 0 waits for ranks that never come (vLLM's multiproc
         # executor; torch's TCPStore). So whatever replaces one member replaces all of them:
         # every member's triggers hold every member's liveness id, and the ranks' hold what
-        # makes rank 0 (its script and, as a secret digest, its stdin with the API key).
+        # makes rank 0 (a digest of its facts and, as a secret digest, the API key it serves).
         lives = {leader_name: liveness_of(leader_name, self, nodes[0], spec, commands.LEADER,
                                           serving)}
         lives.update({rn: liveness_of(rn, self, n, spec, commands.RANK)
                       for rn, n in zip(rank_names, nodes[1:], strict=True)})
         stdin = vllm_stdin_secret(args.hf_token, args.api_key)
-        leader_create = native.leader_start_script(spec)
-        rank0 = {"rank0Script": _digest(leader_create),
-                 "rank0Stdin": stdin.apply(_digest)}  # secret, as stdin is
+        leader_facts = {**container_facts(spec, spec.head, native.leader_run_argv(spec),
+                                          serves=True),
+                        **engine_facts(spec), "rank": 0, "port": spec.port}
+        api_key = api_key_digest(args.api_key)
+        rank0 = {"rank0": digest(json.dumps(leader_facts, sort_keys=True)),
+                 **({"rank0ApiKey": api_key["apiKey"]} if api_key else {})}  # secret
 
         def group(me: str) -> dict[str, Any]:
             return {f"liveness@{other}": live.id for other, live in lives.items() if other != me}
@@ -88,21 +89,21 @@ class NativeGroup(pulumi.ComponentResource):
                 create=native.rank_start_script(spec, n.node),
                 delete=commands.remove_script(spec, n.node, commands.RANK),
                 stdin=env_file_stdin(commands.RANK, args.hf_token),
-                facts={**env_facts(spec, n.node), **engine_facts(spec), "rank": rank},
+                facts={**container_facts(spec, n.node, native.rank_run_argv(spec, n.node)),
+                       **engine_facts(spec), "rank": rank},
                 links={**rank0, **group(rn)}, depends_on=before, live=lives[rn])
             for rank, (rn, n) in enumerate(zip(rank_names, nodes[1:], strict=True), 1)
         ]
         self.leader = container_command(
             leader_name, self, nodes[0], spec, commands.LEADER,
-            create=leader_create,
+            create=native.leader_start_script(spec),
             delete=commands.remove_script(spec, spec.head, commands.LEADER),
             stdin=stdin,
-            facts={**env_facts(spec, spec.head), **engine_facts(spec), "rank": 0,
-                   "port": spec.port},
+            facts=leader_facts,
             # rank 0 must never outlive a rank it formed its group with
-            links={**{f"rank@{n.node.name}": r.stdout
+            links={**{f"rank@{n.node.name}": r.id
                       for n, r in zip(nodes[1:], self.ranks, strict=True)},
-                   **group(leader_name)},
+                   **group(leader_name), **api_key},
             depends_on=[*before, *self.ranks],
             serving=serving, live=lives[leader_name],
         )

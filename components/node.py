@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,38 +64,77 @@ def node_command(
     name: str, parent: pulumi.Resource, node: SparkNode, create: pulumi.Input[str],
     triggers: list[Any], depends_on: list[pulumi.Resource],
     delete: str | None = None, stdin: pulumi.Input[str] | None = None,
-    ignore_changes: list[str] | None = None,
+    update: str | None = None,
 ) -> remote.Command:
-    """A remote.Command on `node` that is replaced as a whole, never updated in place, and
-    deleted before its replacement starts (invariant 2): pulumi-command would otherwise run a
-    changed `create` again on the new host and never the old `delete`, leaving the old
-    container running. What it depends on reaches it through `triggers`, so the engine
-    cascades the replacement (pulumi/pulumi
-    pkg/resource/deploy/step_generator.go, calculateDependentReplacements)."""
+    """A remote.Command on `node` that is replaced only when its `triggers` change, and then
+    deleted before its replacement starts (invariant 2: pulumi-command runs the stored `delete`
+    with the stored connection, then the new `create`, so the old container never outlives
+    its replacement). `triggers` hold what the command *is* (for a container: its image,
+    docker run line, env, the files it runs; then the ids of what it runs on); what it depends
+    on reaches it through them, so the engine cascades a replacement, in order (pulumi/pulumi
+    pkg/resource/deploy/step_generator.go, calculateDependentReplacements).
+
+    Any other change (the program's script text, the SSH key or a host key in `connection`, a
+    secret in `stdin`) is an in-place update: pulumi-command runs `update`, or `create` again
+    when there is none (pulumi-command v1.2.1 provider/pkg/provider/remote/commandController.go
+    Update), and stores the new inputs, so later deletes use the new connection. A container's
+    `update` keeps it running (commands.keep_script); a check runs again and starts nothing."""
     return remote.Command(
         name,
         connection=node.connection,
         create=create,
+        update=update,
         delete=delete,
         stdin=stdin,
         triggers=triggers,
         add_previous_output_in_env=False,  # it would need sshd AcceptEnv; nothing reads it
         opts=pulumi.ResourceOptions(parent=parent, depends_on=depends_on,
-                                    delete_before_replace=True, replace_on_changes=["*"],
-                                    ignore_changes=ignore_changes),
+                                    delete_before_replace=True, replace_on_changes=["triggers"]),
     )
 
 
 def env_facts(spec: ClusterSpec, node: NodeSpec) -> dict[str, Any]:
     """What a reviewer reads in a diff of a container command (invariant 3): named, with the
     non-secret env itself, so `pulumi preview --diff` says
-    `~ triggers[0].env.NCCL_DEBUG: "WARN" => "INFO"` rather than a changed script or hash."""
-    return {"node": node.name, "host": node.host, "identityIp": node.identity_ip,
-            "image": spec.image,
+    `~ triggers[0].env.NCCL_DEBUG: "WARN" => "INFO"` rather than a changed script or hash.
+    `user`: the SSH user whose home holds the container's env-file (a new user replaces the
+    container, so the old home's 0600 file goes with the old one)."""
+    return {"node": node.name, "host": node.host, "user": node.user,
+            "identityIp": node.identity_ip, "image": spec.image,
             **({"imageDigest": spec.image_digest} if spec.image_digest else {}),
             # the summary tells a warm restart from a cold one by it (and the image)
             "compileCache": spec.compile_cache_dir or "none",
             "env": commands.node_env(spec, node)}
+
+
+def digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def served_files() -> dict[str, str]:
+    """The files the API server's container runs besides the image (copied into its
+    VLLM_CONFIG_ROOT by its create), by content: the API-key middleware vLLM imports and the
+    list of env keys vLLM does not carry over to its ranks."""
+    return {"spark_vllm_auth.py": digest(commands.script_text("spark_vllm_auth.py")),
+            "ray_non_carry_over_env_vars.json":
+                digest(json.dumps(list(commands.NON_CARRY_OVER_ENV)) + "\n")}
+
+
+def container_facts(spec: ClusterSpec, node: NodeSpec, argv: list[str],
+                    serves: bool = False) -> dict[str, Any]:
+    """What a container is: env_facts, its whole `docker run` line (image, entrypoint,
+    arguments, mounts, labels, env) and, for the API server's, the files it runs. Nothing of
+    the script around it: a reworded message or a better readiness check restarts nothing."""
+    return {**env_facts(spec, node), "argv": list(argv),
+            **({"files": served_files()} if serves else {})}
+
+
+def api_key_digest(api_key: pulumi.Input[str] | None) -> dict[str, Any]:
+    """The apiKey as a secret digest, in the triggers of the container that serves the API:
+    vLLM reads it once, at start (VLLM_API_KEY), so a rotation replaces that container."""
+    if api_key is None:
+        return {}
+    return {"apiKey": pulumi.Output.secret(api_key).apply(digest)}
 
 
 def liveness_of(name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec,
@@ -110,14 +151,18 @@ def container_command(
     links: dict[str, Any], depends_on: list[pulumi.Resource], serving: list[str] | None = None,
     live: ContainerLiveness | None = None,
 ) -> remote.Command:
-    """`node_command` for a container, with its refresh-time companion (liveness.py): when a
-    refresh saw the container dead, the companion's new id replaces it (invariant 7).
+    """`node_command` for a container, kept running by its update (commands.keep_script), with
+    its refresh-time companion (liveness.py): when a refresh saw the container dead, the
+    companion's new id replaces it (invariant 7).
 
-    `triggers` = [facts, links]: what the container is (env_facts and more), then the ids of
-    what it runs on, by name, so a cascaded replacement reads `~ triggers[1].rayHead: … =>
-    [unknown]` ("replaced because the Ray head is")."""
+    `triggers` = [facts, links]: what the container is (container_facts and more), then the
+    resource ids of what it runs on, by name. An id is the same through in-place updates and
+    new on a replacement (unknown in its preview), so a cascaded replacement reads
+    `~ triggers[1].rayHead: … => [unknown]` ("replaced because the Ray head is"), and an
+    update of what it runs on (its stdout is unknown in that preview) replaces nothing."""
     live = live or liveness_of(name, parent, node, spec, role, serving)
     return node_command(name, parent, node, create=create, delete=delete, stdin=stdin,
+                        update=commands.keep_script(spec, node.node, role),
                         triggers=[facts, {**links, "liveness": live.id}], depends_on=depends_on)
 
 

@@ -110,6 +110,16 @@ def run() -> None:
 def main() -> None:
     """The program: config, checked whole, then the graph and its outputs."""
     spec, secrets = read_config_or_exit()
+    if spec.insecure_accept_any_host_key:
+        unpinned = [n.name for n in spec.nodes if not n.host_key]
+        pulumi.log.warn(
+            "insecureAcceptAnyHostKey is set: " + (
+                f"{', '.join(unpinned)} accept{'s' if len(unpinned) == 1 else ''} any host key, "
+                "so whoever answers at their address gets the deploy key's session and the "
+                "secrets. For a throwaway lab only: pin each node's hostKey "
+                "(ssh-keyscan -t ed25519 HOST) and remove it"
+                if unpinned else "every node's hostKey is pinned, so it changes nothing; "
+                "remove it"))
     if not pulumi.runtime.is_dry_run():
         # an update is about to reach the nodes: a wrong pinned key stops it before any command
         if problems := hostkeys.mismatches(spec):

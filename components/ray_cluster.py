@@ -1,8 +1,9 @@
 """RayCluster: the head container, one worker container per other node, and the readiness gate.
 
 The chain runs through inputs, so the engine replaces it whole and in order: each worker's
-`triggers` holds the head's container id, the gate's holds every container id. A change of
-IP, image or env then plans delete gate → workers → head, create head → workers → gate
+`triggers` holds the head command's id, the gate's holds every container command's id (ids
+stay through in-place updates, so an upgrade of spark-vllm or a new SSH key replaces nothing).
+A change of IP, image or env then plans delete gate → workers → head, create head → workers → gate
 (pulumi/pulumi pkg/resource/deploy/step_generator.go: calculateDependentReplacements cascades
 only through inputs).
 """
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from .node import SparkNode, container_command, env_facts, env_file_stdin, node_command
+from .node import SparkNode, container_command, container_facts, env_file_stdin, node_command
 from .render import commands
 from .render.backends import ray
 from .spec import ClusterSpec
@@ -45,7 +46,8 @@ class RayCluster(pulumi.ComponentResource):
             create=ray.head_start_script(spec),
             delete=commands.remove_script(spec, spec.head, commands.HEAD),
             stdin=env_file_stdin(commands.HEAD, args.hf_token),
-            facts={**env_facts(spec, spec.head), "rayPort": spec.ray_port},
+            facts={**container_facts(spec, spec.head, ray.head_run_argv(spec)),
+                   "rayPort": spec.ray_port},
             links={},
             depends_on=preflights,
         )
@@ -55,8 +57,8 @@ class RayCluster(pulumi.ComponentResource):
                 create=ray.worker_start_script(spec, n.node),
                 delete=commands.remove_script(spec, n.node, commands.WORKER),
                 stdin=env_file_stdin(commands.WORKER, args.hf_token),
-                facts=env_facts(spec, n.node),
-                links={"rayHead": self.head.stdout},
+                facts=container_facts(spec, n.node, ray.worker_run_argv(spec, n.node)),
+                links={"rayHead": self.head.id},
                 depends_on=[*preflights, self.head],
             )
             for n in nodes[1:]
@@ -66,12 +68,11 @@ class RayCluster(pulumi.ComponentResource):
             f"{name}-gate", self, head_node,
             create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
                 lambda reports: ray.gate_script(spec, [r.strip() for r in reports])),
+            # a newer program (an upgrade of spark-vllm) is an update: the gate runs again and
+            # keeps its id, so vLLM, whose triggers hold that id, stays
             stdin=ray.gate_program(),
-            # the program runs only at create; a newer one (an upgrade of spark-vllm) must not
-            # replace a passed gate, and with it vLLM, whose triggers hold the gate's id
-            ignore_changes=["stdin"],
-            triggers=[{"rayHead": self.head.stdout,
-                       **{f"rayWorker@{n.node.name}": w.stdout
+            triggers=[{"rayHead": self.head.id,
+                       **{f"rayWorker@{n.node.name}": w.id
                           for n, w in zip(nodes[1:], self.workers, strict=True)}}],
             depends_on=list(containers),
         )

@@ -137,7 +137,8 @@ class NodeSpec(_Strict):
     host: str = Field(min_length=1)  # SSH address as seen from the operator's machine
     user: str = Field("root", pattern=r"^[a-z_][a-z0-9_.-]*$")
     port: int = Field(22, ge=1, le=65535)
-    host_key: str | None = None  # pinned "ssh-ed25519 AAAA…"; unset accepts any key
+    # pinned "ssh-ed25519 AAAA…"; required unless insecureAcceptAnyHostKey (a lab's opt-out)
+    host_key: str | None = None
     fabric_ip: str | None = None  # RoCE/IB address; becomes the node's identity
     fabric_interface: str | None = Field(None, pattern=_IFACE_RE)
     ib_hca: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:,=^-]+$")
@@ -217,6 +218,9 @@ class _Settings(_Strict):
     # each SSH dial's bound (pulumi-command's perDialTimeout; 4 dials): a rebooting Spark takes
     # a while to answer, so ~1 min by default; a lab or a test sets it low
     ssh_dial_timeout: int = Field(DEFAULT_SSH_DIAL_TIMEOUT_S, ge=1, le=300)
+    # nodes without hostKey accept whatever key answers at their address (pulumi-command's
+    # ConnectionArgs.host_key unset): for a throwaway lab only, and said on every run
+    insecure_accept_any_host_key: bool = False
     vllm_timeout: int = Field(1800, ge=10, le=86400)  # model load of 122B FP8 takes minutes
     smoke_test: bool = True
     # liveness (refresh, status): the canary's bound for its first token, and how long vLLM's
@@ -535,6 +539,20 @@ def owned_vllm_flags(arg: str, owned: Sequence[str] = tuple(OWNED_VLLM_FLAGS)) -
     return [f for f in candidates if f.startswith(name) or (len(f) == 2 and name.startswith(f))]
 
 
+def keyscan_command(node: NodeSpec) -> str:
+    """The OpenSSH command that prints the key to pin for `node`."""
+    port = f"-p {node.port} " if node.port != 22 else ""
+    return f"ssh-keyscan -t ed25519 {port}{node.host}"
+
+
+def host_key_problem(i: int, node: NodeSpec) -> str:
+    return (f"nodes[{i}].hostKey: required: {node.name} has no pinned host key, so whoever "
+            f"answers at {node.host} would get the deploy key's session and the secrets. Run "
+            f"`{keyscan_command(node)}` on a network you trust, check its fingerprint "
+            "(`ssh-keygen -lf`) against the node's console, and put the `ssh-ed25519 AAAA…` "
+            "part in hostKey (or, for a throwaway lab only, set insecureAcceptAnyHostKey: true)")
+
+
 def parse_spec(
     raw: Mapping[str, Any], stack: str, secrets_set: frozenset[str] = frozenset(),
     secret_problems: Sequence[str] = (),
@@ -582,6 +600,8 @@ def parse_spec(
         settings = _Settings.model_validate(top)
     except ValidationError as err:
         problems += _pydantic_problems("", err)
+    if settings is not None and not settings.insecure_accept_any_host_key:
+        problems += [host_key_problem(i, n) for i, n in enumerate(nodes) if not n.host_key]
     if settings is not None:
         problems += _settings_problems(settings)
         if nodes_ok:

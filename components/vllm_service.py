@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from .node import SparkNode, container_command, env_facts, vllm_stdin_secret
+from .node import SparkNode, api_key_digest, container_command, container_facts, vllm_stdin_secret
 from .ray_cluster import RayCluster
 from .render import commands
 from .render.backends import ray
@@ -40,15 +40,19 @@ class VllmService(pulumi.ComponentResource):
             stdin=stdin,
             # the gate's id changes whenever the gate is replaced, i.e. whenever any Ray
             # container is: a vLLM driver must never outlive the cluster it was placed on
-            facts={**env_facts(spec, spec.head), "model": spec.model,
+            facts={**container_facts(spec, spec.head, ray.vllm_run_argv(spec), serves=True),
+                   "model": spec.model,
                    **({"modelRevision": spec.model_revision} if spec.model_revision else {}),
                    "servedModelName": spec.served_name,
                    "tensorParallelSize": spec.tensor_parallel_size,
                    "pipelineParallelSize": spec.pipeline_parallel_size, "port": spec.port,
                    "vllmArgs": list(spec.vllm_args)},
-            links={"gate": cluster.gate.id, "rayHead": cluster.head.stdout,
-                   **{f"rayWorker@{n.name}": w.stdout
-                      for n, w in zip(spec.workers, cluster.workers, strict=True)}},
+            # and the apiKey (a secret digest): vLLM reads it at start; the hfToken is only
+            # read to download, before the load, so a new one is an update (keep_script)
+            links={"gate": cluster.gate.id, "rayHead": cluster.head.id,
+                   **{f"rayWorker@{n.name}": w.id
+                      for n, w in zip(spec.workers, cluster.workers, strict=True)},
+                   **api_key_digest(args.api_key)},
             depends_on=[cluster.gate],
             # refresh asks the server itself, as a client would (vllm#53157): serving, busy
             # or wedged (commands.liveness_target)

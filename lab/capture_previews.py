@@ -125,7 +125,8 @@ def _identity(cli: Pulumi, lab: dict[str, Any]) -> None:
 
 def _node_added(cli: Pulumi, _lab: dict[str, Any]) -> None:
     nodes = cli.value("nodes")
-    template = {k: v for k, v in nodes[-1].items() if k != "hostKey"}  # node-3 has no key
+    # node-3 never answers (a preview contacts no node): node-2's key stands in for its pin
+    template = dict(nodes[-1])
     nodes.append({**template, "name": "node-3", "host": NODE3_HOST, "fabricIp": NODE3_FABRIC_IP})
     cli.set("nodes", nodes)
     cli.set("tensorParallelSize", 3)
@@ -137,12 +138,26 @@ def _node_removed(cli: Pulumi, _lab: dict[str, Any]) -> None:
 
 
 OTHER_MODEL = "lab/other-model"  # any repo id: a preview stages nothing
-ROTATED: dict[str, str] = {}  # the apiKey set by the secret-rotated kind, for the secret scan
+ROTATED: dict[str, str] = {}  # the secrets the rotation kinds set, for the secret scan
 
 
 def _secret_rotated(cli: Pulumi, _lab: dict[str, Any]) -> None:
     ROTATED["apiKey (rotated)"] = secrets.token_urlsafe(24)
     cli.set_secret("apiKey", ROTATED["apiKey (rotated)"])
+
+
+def _ssh_key_rotated(cli: Pulumi, _lab: dict[str, Any]) -> None:
+    """A new deploy key (a preview contacts no node: the nodes need not know it)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "",
+                        "-f", f"{d}/key"], check=True, capture_output=True, timeout=30)
+        key = Path(d, "key").read_text()
+    for i, line in enumerate(key.splitlines()):
+        if len(line.strip()) >= 8 and not line.startswith("-----"):
+            ROTATED[f"rotated SSH key line {i + 1}"] = line.strip()
+    cli.set_secret("sshPrivateKey", key)
 
 
 KINDS = (
@@ -155,6 +170,7 @@ KINDS = (
     Kind("node-added", "node-3 appended, tensorParallelSize 3", _node_added),
     Kind("node-removed", "nodes[1] dropped, tensorParallelSize 1", _node_removed),
     Kind("secret-rotated", "apiKey set to a new random value", _secret_rotated),
+    Kind("ssh-key-rotated", "sshPrivateKey set to a new ed25519 key", _ssh_key_rotated),
     Kind("model", f"model -> {OTHER_MODEL} (staged to every node)",
          lambda cli, lab: cli.set("model", OTHER_MODEL)),
 )

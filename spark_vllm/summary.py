@@ -10,7 +10,10 @@ the preview's JSON digest (pkg/display/json.go: `steps[]` with `op`, `urn`, `old
 role, with the action, the cause in config terms and the consequence.
 
 What it reads of a step: the container commands' `triggers` ([facts, links]: node.py
-`container_command`; the gate's are [links]) and the *names* of other changed properties.
+`container_command`; the gate's are [links]), the paths of the engine's detailed diff (a
+rotated apiKey is a secret digest in the links: both sides read "[secret]") and the *names* of
+other changed properties. Only triggers replace a command; any other change is an update, in
+place: a container is kept (nothing restarts), a check runs again.
 Facts are non-secret by construction (invariant 3); `stdin` and `connection` carry the secrets
 and are only ever named, never shown. Pulumi already prints secrets as "[secret]" in this
 JSON; a value still wrapped as a secret is shown as "[secret]" too.
@@ -65,10 +68,24 @@ DERIVED_ENV = {
     "GLOO_SOCKET_IFNAME": "fabricInterface", "TP_SOCKET_IFNAME": "fabricInterface",
     "UCX_NET_DEVICES": "fabricInterface", "NCCL_IB_HCA": "ibHca",
 }
-_FACT_ORDER = ("identityIp", "host", "image", "env", "imagePull", "model", "servedModelName",
-               "tensorParallelSize", "pipelineParallelSize", "vllmArgs", "port", "rayPort")
-SECRET_STDIN = "secret changed (apiKey or hfToken)"
-SECRET_CONNECTION = "SSH connection (secret) changed"
+_FACT_ORDER = ("identityIp", "host", "user", "image", "env", "imagePull", "model",
+               "servedModelName", "tensorParallelSize", "pipelineParallelSize", "vllmArgs", "port",
+               "rayPort")
+# node.py `served_files`: what the API server's container runs besides the image
+FILE_CAUSES = {"spark_vllm_auth.py": "the API-key middleware changed (spark_vllm_auth.py)",
+               "ray_non_carry_over_env_vars.json":
+                   "the env keys vLLM keeps from its ranks changed"}
+API_KEY_ROTATED = "apiKey rotated (vLLM reads it at start)"
+API_KEY_ROTATED_RANK = "apiKey rotated (rank 0 serves the API, and the group forms once)"
+ARGV = "docker run line"  # a cause of its own only when no named fact explains it
+# what the headline repeats after "vLLM reloads the model (node)": what the program owns
+# changed, not a config key the reviewer edited
+PROGRAM_CAUSES = (*FILE_CAUSES.values(), API_KEY_ROTATED, f"{ARGV}:", "its triggers now hold")
+SECRET_STDIN = "stdin (secret) changed: a new hfToken, SSH key or program text"
+SECRET_CONNECTION = "SSH connection (secret) changed: the new key or host key is stored"
+SCRIPTS = "its scripts changed (an upgrade of spark-vllm)"
+RECORDED_ONCE = ("its triggers now hold what it is (its docker run line and files): replaced "
+                 "once, on the upgrade from a release whose triggers did not")
 NODE_ADDED, NODE_REMOVED = "node added", "node removed"
 VLLM_RELOADS = "vLLM reloads the model (minutes of downtime on a Spark)"
 STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missing there) and "
@@ -198,6 +215,7 @@ class _Resource:
     old: dict[str, Any] | None  # inputs
     new: dict[str, Any] | None
     changed: set[str]  # top-level property names the engine says differ
+    paths: set[str]  # the detailed diff's paths (e.g. triggers[1].apiKey)
     states: list[Any]  # every `state` output seen (liveness companions)
 
 
@@ -227,7 +245,8 @@ def _fold(steps: list[dict[str, Any]]) -> dict[str, _Resource]:
     for step in steps:
         _, typ, name = _urn_parts(step["urn"])
         action = _ACTION.get(step["op"], UPDATE)  # an op unknown to us: assume a change
-        res = out.setdefault(step["urn"], _Resource(name, typ, KEEP, None, None, set(), []))
+        res = out.setdefault(step["urn"],
+                             _Resource(name, typ, KEEP, None, None, set(), set(), []))
         old, new = _inputs(step.get("oldState")), _inputs(step.get("newState"))
         if _STRENGTH[action] >= _STRENGTH[res.action]:
             res.action = action
@@ -236,6 +255,7 @@ def _fold(steps: list[dict[str, Any]]) -> dict[str, _Resource]:
             res.changed |= {str(k) for k in step.get("diffReasons") or []}
             res.changed |= {str(k) for k in step.get("replaceReasons") or []}
             res.changed |= {_top_key(p) for p in step.get("detailedDiff") or {}}
+            res.paths |= {str(p) for p in step.get("detailedDiff") or {}}
         for state in (step.get("oldState"), step.get("newState")):
             if isinstance(state, dict) and isinstance(state.get("outputs"), dict):
                 res.states.append(_clean(state["outputs"].get("state")))
@@ -301,18 +321,37 @@ def _change(key: str, old: Any, new: Any) -> str:
 
 def fact_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     """`key: old → new` for every fact that differs, env keys one by one."""
+    if "argv" in new and "argv" not in old and old:
+        return [RECORDED_ONCE]  # state written before the facts held the docker run line
     keys = [k for k in _FACT_ORDER if k in old or k in new]
     keys += sorted((old.keys() | new.keys()) - set(_FACT_ORDER) - {"node"})
     causes: list[str] = []
     for key in keys:
-        if old.get(key) == new.get(key):
+        if old.get(key) == new.get(key) or key == "argv":
             continue
         old_env, new_env = old.get(key) or {}, new.get(key) or {}
         if key == "env" and isinstance(old_env, dict) and isinstance(new_env, dict):
             causes += _env_causes(old_env, new_env, causes)
+        elif key == "files" and isinstance(old_env, dict) and isinstance(new_env, dict):
+            causes += [FILE_CAUSES.get(f, f"{f} changed")
+                       for f in sorted(old_env.keys() | new_env.keys())
+                       if old_env.get(f) != new_env.get(f)]
         else:
             causes.append(_change(key, old.get(key), new.get(key)))
+    if not causes and old.get("argv") != new.get("argv"):
+        causes.append(argv_cause(old.get("argv"), new.get("argv")))
     return causes
+
+
+def argv_cause(old: Any, new: Any) -> str:
+    """The container's `docker run` line changed and no named fact says why (an upgrade of
+    spark-vllm that runs the container differently): the words it lost and gained."""
+    if not isinstance(old, list) or not isinstance(new, list):
+        return _change(ARGV, old, new)
+    lost = [w for w in old if w not in new]
+    gained = [w for w in new if w not in old]
+    return f"{ARGV}: " + show([*(f"-{w}" for w in lost), *(f"+{w}" for w in gained)]
+                              or ["(reordered)"])
 
 
 # memory_check.py `payload`: its keys as the config (or vLLM, for a flag) names them
@@ -386,7 +425,7 @@ def _link_label(key: str) -> str:
         return f"the group's rank on {key.removeprefix('liveness@vllm-rank-')} (seen dead)"
     if key == "liveness@vllm-leader":
         return "the group's rank 0 (seen dead)"
-    if key in ("rank0Script", "rank0Stdin"):
+    if key == "rank0":
         return "rank 0"
     return key
 
@@ -396,7 +435,7 @@ def _member(key: str) -> str:
     own link (`rank@<node>`): its liveness was not seen dead, it is new or gone."""
     if key.startswith("liveness@vllm-rank-"):
         return f"rank@{key.removeprefix('liveness@vllm-rank-')}"
-    return "rank0Script" if key == "liveness@vllm-leader" else key
+    return "rank0" if key == "liveness@vllm-leader" else key
 
 
 def _link_order(key: str) -> tuple[int, str]:
@@ -411,6 +450,8 @@ def link_causes(old: dict[str, Any], new: dict[str, Any], dead: str | None,
     moved: list[str] = []
     cascade: list[str] = []
     for key in sorted(old.keys() | new.keys(), key=_link_order):
+        if key in API_KEYS:  # a secret digest: its change is read from the diff's paths
+            continue
         if old.get(key) == new.get(key) and new.get(key) != UNKNOWN:
             continue
         if key == "liveness":
@@ -430,9 +471,31 @@ def _because(items: list[str]) -> str:
     return f"replaced because {said} {'is' if len(items) == 1 else 'are'}"
 
 
-# native_group.py: a headless rank's triggers hold a secret digest of rank 0's stdin (the
-# apiKey and hfToken); the engine names the path it differs at, the values are both "[secret]"
-_RANK0_STDIN = re.compile(r"\brank0Stdin\b")
+# node.py `api_key_digest`: the serving container's links hold the apiKey's secret digest
+# (`apiKey`), a native headless rank's hold rank 0's (`rank0ApiKey`); the engine names the path
+# it differs at, the values are both "[secret]"
+API_KEYS = {"apiKey": API_KEY_ROTATED, "rank0ApiKey": API_KEY_ROTATED_RANK}
+_API_KEY_PATH = re.compile(r"\b(apiKey|rank0ApiKey)\b")
+
+
+def update_causes(role: str, res: _Resource) -> tuple[str, ...]:
+    """Why a command changes in place: what it is did not change (its triggers), so nothing
+    restarts; a container is kept, a check runs again with the new inputs."""
+    causes = []
+    for key in sorted(res.changed):
+        if key == "connection":
+            causes.append(SECRET_CONNECTION)
+        elif key == "stdin":
+            causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY) else
+                          "stdin (secret) changed: the SSH key, how the head reaches the "
+                          "nodes, or its program")
+        elif key == "create" and role == GATE:  # gate_script holds the preflights' reports
+            causes.append("the preflights' reports it compares are read again")
+        elif key in ("create", "update", "delete"):
+            causes += [SCRIPTS] if SCRIPTS not in causes else []
+        else:
+            causes.append(f"{key} changed")
+    return tuple(causes) or ("changed in place",)
 
 
 def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
@@ -446,6 +509,8 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
         return (NODE_ADDED,) if node_new else ("new in the program",)
     if res.action == DELETE:
         return (NODE_REMOVED,) if node_gone else ("removed from the program",)
+    if res.action == UPDATE:
+        return update_causes(role, res)
     old_facts, old_links = _split(role, res.old)
     new_facts, new_links = _split(role, res.new)
     if old_facts is None or new_facts is None:
@@ -456,15 +521,10 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
         died.append(f"{seen} {dead}")
     facts = memory_causes if role == MEMORY else fact_causes
     causes = [*died, *facts(old_facts, new_facts)]
-    if ("stdin" in res.changed or any(_RANK0_STDIN.search(k) for k in res.changed)) \
-            and role not in (IMAGES, MEMORY):
-        causes.append(SECRET_STDIN)
-    elif "stdin" in res.changed and not causes and role == MEMORY:  # the key, its program
-        causes.append("its program (an upgrade of spark-vllm) or the SSH key changed")
-    elif "stdin" in res.changed and not causes:  # the image check's: the key, where nodes are
-        causes.append("a node's address, user or host key changed")
-    if "connection" in res.changed and not any(c.startswith("host:") for c in causes):
-        causes.append(SECRET_CONNECTION)
+    if cascade and causes and all(c.startswith(f"{ARGV}:") for c in causes[len(died):]):
+        del causes[len(died):]  # its line names what it runs on (the head's address): moved
+    causes += sorted({API_KEYS[m.group(1)] for p in res.paths
+                      if (m := _API_KEY_PATH.search(p))})
     causes += moved
     if not causes and cascade:
         causes.append(_because(cascade))
@@ -488,14 +548,17 @@ def consequence(role: str, action: str) -> str:
         return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
                 REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",
                 UPDATE: "nothing restarts"}[action]
+    # an update runs `create` again with the new inputs (no `update`: node.py node_command)
     if role == MODEL:
         return {KEEP: "", CREATE: STAGED_ON_HEAD, REPLACE: STAGED_ON_HEAD,
-                DELETE: WEIGHTS_STAY, UPDATE: "nothing runs"}[action]
+                DELETE: WEIGHTS_STAY, UPDATE: STAGED_ON_HEAD}[action]
     if role == COPY:
         return {KEEP: "", CREATE: COPIED, REPLACE: COPIED, DELETE: WEIGHTS_STAY,
-                UPDATE: "nothing runs"}[action]
-    if role == MEMORY and action in (CREATE, REPLACE):
+                UPDATE: COPIED}[action]
+    if role == MEMORY and action in (CREATE, REPLACE, UPDATE):
         return "vLLM's memory is estimated again against each node's free memory, first"
+    if action == UPDATE:
+        return "runs again (a check); nothing restarts"
     return "" if action == KEEP else "nothing runs (a check)"
 
 
@@ -649,10 +712,13 @@ def headline(s: Summary, markdown: bool = False) -> str:
     if s.is_noop:
         return "No change: nothing restarts."
     parts = []
-    if v := s.vllm:
+    if (v := s.vllm) and v.action != UPDATE:  # an update keeps it: said below
         what = {REPLACE: "vLLM reloads the model", CREATE: "vLLM loads the model",
                 DELETE: "vLLM stops"}.get(v.action, "vLLM changes in place")
-        parts.append(f"{loud(what)} ({v.node})")
+        # what the program owns that vLLM runs, said here: no config line of the PR shows it
+        why = [c for c in v.causes if c.startswith(PROGRAM_CAUSES)] \
+            if v.action == REPLACE else []
+        parts.append(f"{loud(what)} ({v.node})" + (f": {'; '.join(why)}" if why else ""))
     if switch := s.backend_switch:
         parts.insert(0, loud(f"The backend changes from {switch[0]} to {switch[1]}")
                      + ": every container is replaced, the old ones stopped on every node first")
@@ -671,7 +737,7 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"Ray stops on {', '.join(stopped)}")
     if gone := s.rank_nodes(DELETE):
         parts.append(_ranks_stop(gone))
-    if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
+    if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         parts.append(f"the model is copied to {', '.join(copies)}")
     elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
         parts.append("the model is staged again on the head")
@@ -679,6 +745,9 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append("Ray keeps running")
     if not parts:
         checks = [r for r in s.changed() if r.role in CHECKS]
+        if [r for r in s.changed() if r.action == UPDATE and r.role in (HEAD, WORKER, RANK, VLLM)]:
+            return ("Nothing restarts: every container is kept (updated in place)"
+                    + ("; checks run again." if checks else "."))
         return ("Nothing restarts: only checks run again." if checks else
                 f"Nothing restarts: {_count(s.other_changes, 'resource')} change in place.")
     return " · ".join(parts)
@@ -708,7 +777,7 @@ def what_restarts(s: Summary) -> str:
     if switch := s.backend_switch:
         line += (f" The backend changes from {switch[0]} to {switch[1]}: each node's preflight "
                  f"stops the {switch[0]} backend's containers there before any new one starts.")
-    if copies := [r.node for r in s.changed() if r.role == COPY and r.action != DELETE]:
+    if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     if s.compile_cache:
         line += " " + s.compile_cache

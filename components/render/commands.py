@@ -290,6 +290,24 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
     ]) + "\n"
 
 
+def keep_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
+    """`update` of a container command: the running container stays as it is; print its id
+    (the command's stdout, as `create` did). An update is any change but the container's own
+    (its triggers): the program's script text, the SSH key, a host key, the hfToken. A
+    container that is gone cannot be kept: that is said, and `pulumi up --refresh` starts it
+    again (its liveness companion sees it gone)."""
+    return "\n".join([
+        *_prelude(spec, node, f"keep {role}"),
+        f"name={shlex.quote(container_name(spec, role))}",
+        "if cid=$(docker inspect --format '{{.Id}}' \"$name\" 2>/dev/null); then",
+        '  log "kept: $name ${cid%"${cid#????????????}"} (nothing restarts)"; echo "$cid"; exit 0',
+        "fi",
+        'log "FAILED: $name is not on $node, so it cannot be kept; nothing was changed: '
+        '\'pulumi up --refresh\' starts it again"',
+        "exit 1",
+    ]) + "\n"
+
+
 def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: list[str],
                sleep_s: float = POLL_INTERVAL_S, check_every: int = 1,
                timed_out: str | None = None, shown: str | None = None) -> list[str]:

@@ -178,7 +178,9 @@ class Tier:
                "rayPort": 6391,  # not Ray's default: a CPU run beside other Ray tests
                # the liveness bounds, shorter than a Spark's defaults (30/60) to save device
                # time: the rules are the same, the bounds are recorded with them
-               "canaryTimeout": 10, "wedgeWindow": 20}
+               "canaryTimeout": 10, "wedgeWindow": 20,
+               # the scripts are rendered and run here by the runner, never over SSH
+               "insecureAcceptAnyHostKey": True}
         return specmod.parse_spec(raw, stack, SECRETS)
 
     def head_up(self, spec: specmod.ClusterSpec) -> dict:

@@ -311,6 +311,77 @@ def test_lifecycle(engine: Engine, sshd: Sshd) -> None:
         st.remove()
 
 
+def test_update_runs_update_keeps_the_id_and_stores_the_new_key_for_delete(
+        engine: Engine, sshd: Sshd) -> None:
+    """With `update` set and replace_on_changes on triggers only (components/node.py): a new
+    private key and new script text are an in-place update that runs `update` (not `create`)
+    on the new connection; stdout becomes the update's; the id stays, so a dependent whose
+    triggers hold it is kept, while one holding stdout is replaced because a preview of an
+    update makes stdout unknown (pulumi-command v1.2.1 remote/commandController.go Update with
+    pulumi-go-provider v1.3.0 infer's default dependency wiring: every output depends on
+    every input, and a changed input makes it computed in a preview). After the old key is
+    removed from authorized_keys, the replacement's delete runs with the stored, new key."""
+    log = _ops_log(engine, "update")
+    _keygen(sshd.dir / "rotated")
+    rotated = (sshd.dir / "rotated").read_text()
+    spec: dict[str, Any] = {"key": sshd.client_key, "v": "1", "trigger": "a"}
+    opts = pulumi.ResourceOptions(delete_before_replace=True, replace_on_changes=["triggers"])
+
+    def connect(key: str) -> Any:
+        return command.remote.ConnectionArgs(host="127.0.0.1", port=sshd.port, user=sshd.user,
+                                             private_key=pulumi.Output.secret(key))
+
+    def program() -> None:
+        conn = connect(spec["key"])
+        c = command.remote.Command(
+            "u1", connection=conn, triggers=[spec["trigger"]], opts=opts,
+            create=f"echo create-v{spec['v']} >> {log}; echo made",
+            update=f"echo update-v{spec['v']} >> {log}; echo kept",
+            delete=f"echo delete-v{spec['v']} >> {log}")
+        # the dependents' own connection never changes
+        command.remote.Command("by-id", connection=connect(rotated), triggers=[c.id],
+                               opts=opts, create=f"echo by-id >> {log}")
+        command.remote.Command("by-stdout", connection=connect(rotated), triggers=[c.stdout],
+                               opts=opts,
+                               create=f"echo by-stdout-$(date +%N) >> {log}")
+        pulumi.export("stdout", c.stdout)
+        pulumi.export("id", c.id)
+
+    (sshd.dir / "authorized_keys").write_text(
+        (sshd.dir / "client.pub").read_text() + (sshd.dir / "rotated.pub").read_text())
+    st = Stack(engine, "update", program)
+    try:
+        r = st.up()
+        assert r.error is None, r.error
+        rid = r.outputs["id"]
+        spec.update(key=rotated, v="2")
+        r = st.preview()
+        assert r.error is None, r.error
+        assert ("update", "u1") in r.ops and ("same", "by-id") in r.ops, r.ops
+        assert ("replace", "by-stdout") in r.ops, r.ops  # stdout unknown in the update's preview
+        r = st.up()
+        assert r.error is None, r.error
+        assert r.outputs == {"stdout": "kept", "id": rid}
+        assert ("same", "by-id") in r.ops, r.ops
+        lines = log.read_text().splitlines()
+        assert lines[0] == "create-v1" and lines.count("by-id") == 1, lines  # kept
+        assert "update-v2" in lines and "create-v2" not in lines, lines
+        # the old key revoked: a replacement deletes with the key the update stored
+        (sshd.dir / "authorized_keys").write_text((sshd.dir / "rotated.pub").read_text())
+        spec.update(v="3", trigger="b")
+        r = st.up()
+        assert r.error is None, r.error
+        assert [op for op, n in r.ops if n == "u1"] == ["delete-replaced", "replace",
+                                                        "create-replacement"], r.ops
+        lines = log.read_text().splitlines()
+        assert lines.index("delete-v2") < lines.index("create-v3"), lines
+        r = st.destroy()
+        assert r.error is None, r.error
+    finally:
+        (sshd.dir / "authorized_keys").write_text((sshd.dir / "client.pub").read_text())
+        st.remove()
+
+
 def test_triggers_replace_by_default(engine: Engine, sshd: Sshd) -> None:
     """No resource options: a `triggers` change alone is a replace (provider + the SDK's own
     replace_on_changes), create-before-delete, and the replaced one runs its stored delete."""

@@ -92,13 +92,14 @@ def _recorder(run: Run) -> Any:
 
 
 class Lab:
-    """One stack on the lab, its config, and the nodes behind it."""
+    """One stack on the lab, its config, and the nodes behind it. `work_dir`: the project whose
+    program runs (another commit's, for an upgrade; the same stack, state and stack file)."""
 
-    def __init__(self) -> None:
+    def __init__(self, work_dir: Path = REPO) -> None:
         os.environ.update(engine_env())
         LOG_DIR.mkdir(parents=True, exist_ok=True)
         self.stack = auto.create_or_select_stack(
-            stack_name=STACK, work_dir=str(REPO),
+            stack_name=STACK, work_dir=str(work_dir),
             opts=auto.LocalWorkspaceOptions(env_vars=engine_env()))
 
     # --- config ---------------------------------------------------------------------------

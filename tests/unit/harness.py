@@ -44,6 +44,13 @@ def fake_rsync(bin_dir: Path) -> Path:
 
 
 IMAGE_ID = "sha256:" + "ab" * 32
+# a well-formed ed25519 public key (its 32 bytes 0..31), pinned on every test node
+TEST_HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f"
+
+
+def pinned(nodes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`nodes` with TEST_HOST_KEY as the hostKey of each that has none (a site pins its own)."""
+    return [{"hostKey": TEST_HOST_KEY, **n} for n in nodes]
 STAGED = {"model": "Qwen/Qwen3.5-122B-A10B-FP8", "revision": "main", "commit": "c0" * 20,
           "files": 9, "bytes": 123, "hashed": 123, "manifest": "fe" * 32}
 
@@ -139,7 +146,8 @@ def run(spec: ClusterSpec, secrets: Secrets | None = None) -> dict[str, Register
 
 def spec_from(nodes: list[dict[str, Any]], stack: str = "test", **top: Any) -> ClusterSpec:
     raw: dict[str, Any] = {
-        "nodes": nodes, "image": "vllm/image:1", "model": "org/model",
+        "nodes": nodes if top.get("insecureAcceptAnyHostKey") else pinned(nodes),
+        "image": "vllm/image:1", "model": "org/model",
         "tensorParallelSize": sum(n.get("gpus", 1) for n in nodes),
     }
     raw.update(top)

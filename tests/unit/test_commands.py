@@ -791,3 +791,30 @@ def test_probe_names_a_wrong_served_model() -> None:
     finally:
         server.shutdown()
     assert done.returncode == 1 and "lists ['other'], not 'm'" in done.stderr
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_an_update_keeps_the_container_and_prints_its_id_or_says_it_is_gone(
+        tmp_path: Path, present: bool) -> None:
+    """commands.keep_script (a container command's `update`): it runs nothing but `docker
+    inspect`, prints the running container's id as `create` did, and when the container is
+    gone it fails, changing nothing, and names `pulumi up --refresh`."""
+    (tmp_path / "docker").write_text(
+        '#!/bin/sh\necho "$*" >> "$FAKE/calls"\n'
+        + ('echo sha256-0123456789abcdef0123\n' if present
+           else 'echo "Error: No such object: $4" >&2; exit 1\n'))
+    (tmp_path / "docker").chmod(0o755)
+    spec = duo()
+    proc = subprocess.run(["sh", "-c", c.keep_script(spec, spec.workers[0], c.WORKER)],
+                          input="HF_TOKEN=x\n", capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+                               "FAKE": str(tmp_path)})
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert calls == ["inspect --format {{.Id}} spark-vllm-duo-ray-worker"]  # nothing else
+    if present:
+        assert (proc.returncode, proc.stdout) == (0, "sha256-0123456789abcdef0123\n")
+        assert "kept: spark-vllm-duo-ray-worker" in proc.stderr
+    else:
+        assert proc.returncode == 1 and proc.stdout == ""
+        assert "spark-vllm-duo-ray-worker is not on spark-b" in proc.stderr
+        assert "nothing was changed: 'pulumi up --refresh' starts it again" in proc.stderr

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from unittest.mock import patch
 
 import pulumi
 import pytest
 
 from spark_vllm.components.program import BAIL_EXIT_CODE, Secrets
 from spark_vllm.components.render import commands as c
+from spark_vllm.components.render.backends import ray
 from tests.unit.harness import (
     API_KEY,
     CMD,
@@ -18,9 +20,11 @@ from tests.unit.harness import (
     IMAGE_ID,
     SECRET_SIG,
     SSH_KEY,
+    TEST_HOST_KEY,
     RecordingMonitor,
     Registered,
     lab_nodes,
+    pinned,
     run,
     spec_from,
 )
@@ -52,12 +56,24 @@ def test_graph_shape(n: int) -> None:
     assert g["vllm"].type == "spark-vllm:vllm:VllmService"
 
 
+CONTAINER_ROLES = {"ray-head": c.HEAD, "ray-worker-node-2": c.WORKER, "vllm-serve": c.VLLM}
+
+
 @pytest.mark.parametrize("n", [1, 2, 4])
-def test_every_command_is_replaced_never_mutated(n: int) -> None:
+def test_every_command_is_replaced_on_its_triggers_only(n: int) -> None:
+    """What a command is lives in its triggers; any other change is an update. A container's
+    update keeps it (commands.keep_script); a check has none, so it runs again."""
     for name, r in graph(n).items():
         if r.type == CMD:
             assert r.delete_before_replace, name
-            assert "*" in r.replace_on_changes, name
+            assert set(r.replace_on_changes) == {"triggers", "triggers[*]"}, name
+            role = CONTAINER_ROLES.get(name) or (c.WORKER if name.startswith("ray-worker-")
+                                                 else None)
+            if role:
+                assert "docker inspect --format '{{.Id}}'" in r.plain("update"), name
+                assert c.container_name(spec_from(lab_nodes(n)), role) in r.plain("update")
+            else:
+                assert r.plain("update") is None, name
 
 
 def test_the_memory_check_runs_after_the_staging_before_any_container_and_restarts_nothing(
@@ -75,12 +91,11 @@ def test_the_memory_check_runs_after_the_staging_before_any_container_and_restar
     assert (facts["tp"], facts["utilization"], facts["model"]) == (2, 0.9, "org/model")
 
 
-def test_a_new_gate_program_alone_restarts_nothing() -> None:
-    """The gate's Python only runs at create: when an upgrade of spark-vllm changes it, the
-    running gate must not be replaced, because vLLM (minutes of model load) follows the gate's
-    id. Everything else of every command still replaces."""
+def test_no_command_ignores_a_change() -> None:
+    """An ignored input is reused by a later replacement (pulumi/pulumi step_generator.go,
+    processIgnoreChanges runs before the diff): an old SSH key or an old program would run
+    then. A new gate program is an update (the gate runs again, its id stays)."""
     ignored = {name: r.ignore_changes for name, r in graph(2).items() if r.type == CMD}
-    assert ignored.pop("ray-gate") == ["stdin"]
     assert set(map(tuple, ignored.values())) == {()}
 
 
@@ -93,7 +108,8 @@ def test_chain_is_linked_through_trigger_inputs(n: int) -> None:
         w = g[f"ray-worker-node-{i}"]
         live = g[f"ray-worker-node-{i}-liveness"].urn
         assert sorted(w.property_dependencies["triggers"]) == sorted([head, live])
-        assert w.plain("triggers")[1]["rayHead"] == "cid-ray-head\n"  # the head's container id
+        # the head command's resource id: kept by an update, new on a replacement
+        assert w.plain("triggers")[1]["rayHead"] == "ray-head-id"
     assert sorted(g["ray-gate"].property_dependencies["triggers"]) == sorted([head, *workers])
     serve_deps = g["vllm-serve"].property_dependencies["triggers"]
     assert g["ray-gate"].urn in serve_deps and head in serve_deps
@@ -109,23 +125,32 @@ def test_triggers_carry_readable_facts() -> None:
     vLLM's args; then what the container runs on, by name (invariant 3)."""
     g = graph(2, env={"NCCL_DEBUG": "WARN"}, vllmArgs=["--max-model-len", "8192"])
     head, links = g["ray-head"].plain("triggers")
-    assert head == {"node": "node-1", "host": "10.231.0.11", "identityIp": "192.168.231.11",
+    spec = spec_from(lab_nodes(2), env={"NCCL_DEBUG": "WARN"})
+    assert head == {"node": "node-1", "host": "10.231.0.11", "user": "root",
+                    "identityIp": "192.168.231.11",
                     "image": "vllm/image:1", "rayPort": 6379,
                     "compileCache": "/root/.cache/spark-vllm-compile/test",
-                    "env": c.node_env(spec_from(lab_nodes(2), env={"NCCL_DEBUG": "WARN"}),
-                                      spec_from(lab_nodes(2)).head)}
+                    "env": c.node_env(spec, spec.head),
+                    "argv": ray.head_run_argv(spec)}
     assert head["env"]["NCCL_DEBUG"] == "WARN" and head["env"]["VLLM_HOST_IP"] == "192.168.231.11"
     assert links == {"liveness": "ray-head-liveness-id"}
     worker, wlinks = g["ray-worker-node-2"].plain("triggers")
     assert (worker["node"], worker["identityIp"]) == ("node-2", "192.168.231.12")
-    assert wlinks == {"rayHead": "cid-ray-head\n", "liveness": "ray-worker-node-2-liveness-id"}
+    assert wlinks == {"rayHead": "ray-head-id", "liveness": "ray-worker-node-2-liveness-id"}
     vllm, vlinks = g["vllm-serve"].plain("triggers")
     assert vllm["vllmArgs"] == ["--max-model-len", "8192"]
     assert (vllm["servedModelName"], vllm["tensorParallelSize"], vllm["port"]) == (
         "org/model", 2, 8000)
-    assert set(vlinks) == {"gate", "rayHead", "rayWorker@node-2", "liveness"}
-    assert g["ray-gate"].plain("triggers") == [{"rayHead": "cid-ray-head\n",
-                                               "rayWorker@node-2": "cid-ray-worker-node-2\n"}]
+    assert set(vlinks) == {"gate", "rayHead", "rayWorker@node-2", "liveness", "apiKey"}
+    # the apiKey as a secret digest: never its value
+    assert g["vllm-serve"].inputs["triggers"][1]["apiKey"][SECRET_SIG]
+    assert API_KEY not in json.dumps(vlinks) and len(vlinks["apiKey"]) == 16
+    # the files vLLM runs besides the image, by content; not the scripts around them
+    assert set(vllm["files"]) == {"spark_vllm_auth.py", "ray_non_carry_over_env_vars.json"}
+    assert vllm["argv"] == ray.vllm_run_argv(spec_from(lab_nodes(2), env={"NCCL_DEBUG": "WARN"},
+                                                       vllmArgs=["--max-model-len", "8192"]))
+    assert g["ray-gate"].plain("triggers") == [{"rayHead": "ray-head-id",
+                                               "rayWorker@node-2": "ray-worker-node-2-id"}]
 
 
 def test_env_change_changes_every_container_trigger_and_nothing_else() -> None:
@@ -210,8 +235,8 @@ def test_outputs_name_every_node_and_container() -> None:
 
 
 GOOD_CONFIG = {
-    "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1"},
-                                    {"name": "b", "host": "10.0.0.2"}]),
+    "spark-vllm:nodes": json.dumps(pinned([{"name": "a", "host": "10.0.0.1"},
+                                           {"name": "b", "host": "10.0.0.2"}])),
     "spark-vllm:image": "img", "spark-vllm:model": "org/m", "spark-vllm:tensorParallelSize": "2",
     # a real (test-only, passphrase-less) key: the program checks the key's form
     "spark-vllm:sshPrivateKey": (Path(__file__).resolve().parents[1] / "fixtures" / "keys"
@@ -247,6 +272,30 @@ def test_the_same_program_with_a_good_config_registers_the_graph() -> None:
     assert (code, errors) == (None, [])
     assert {"a-preflight", "ray-head", "ray-worker-b", "ray-gate",
             "vllm-serve"} <= set(monitor.requests)
+
+
+def test_a_node_without_a_host_key_stops_the_program_before_any_resource() -> None:
+    config = {**GOOD_CONFIG, "spark-vllm:nodes": json.dumps(
+        [{"name": "a", "host": "10.0.0.1", "hostKey": TEST_HOST_KEY},
+         {"name": "b", "host": "10.0.0.2"}])}
+    code, errors, monitor = run_main(config)
+    assert code == BAIL_EXIT_CODE and not monitor.requests
+    (error,) = errors
+    assert "nodes[1].hostKey: required: b has no pinned host key" in error
+    assert "`ssh-keyscan -t ed25519 10.0.0.2`" in error
+
+
+def test_the_labs_opt_out_is_said_on_every_run_naming_the_unpinned_nodes() -> None:
+    config = {**GOOD_CONFIG, "spark-vllm:insecureAcceptAnyHostKey": "true",
+              "spark-vllm:nodes": json.dumps([{"name": "a", "host": "10.0.0.1"},
+                                              {"name": "b", "host": "10.0.0.2",
+                                               "hostKey": TEST_HOST_KEY}])}
+    warnings: list[str] = []
+    with patch.object(pulumi.log, "warn", side_effect=lambda m, *a, **k: warnings.append(m)):
+        code, errors, monitor = run_main(config)
+    assert (code, errors) == (None, []) and "ray-head" in monitor.requests
+    (warning,) = warnings
+    assert warning.startswith("insecureAcceptAnyHostKey is set: a accepts any host key")
 
 
 def test_secrets_optional() -> None:
@@ -314,3 +363,33 @@ print("not reached", flush=True)
     assert out.returncode == BAIL_EXIT_CODE, out
     assert out.stdout == "raised: Resource monitor has terminated, shutting down\n"
     assert out.stderr == ""
+
+
+def test_new_script_text_changes_no_trigger_and_a_new_middleware_only_the_api_servers(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An upgrade of spark-vllm that rewords the scripts around the containers (their logs,
+    the readiness probe) changes `create` and `stdin`, an update; only what a container runs
+    (here the API-key middleware, by content) is in its triggers, and replaces it."""
+    before = graph(2)
+    real = c.script_text
+    def prelude(spec: object, node: c.NodeSpec, what: str) -> list[str]:
+        return ["set -eu", 'PATH="$PATH:/usr/sbin:/sbin"', f"node={node.name}",
+                f'log() {{ echo "[spark-vllm] {what} on $node: $*" >&2; }}']
+    monkeypatch.setattr(c, "_prelude", prelude)
+    monkeypatch.setattr(ray, "_prelude", prelude)
+    monkeypatch.setattr(c, "script_text", lambda name: real(name) + (
+        "# reworded\n" if name == "vllm_probe.py" else ""))
+    reworded = graph(2)
+    containers = ("ray-head", "ray-worker-node-2", "ray-gate", "vllm-serve")
+    for name in containers:
+        assert reworded[name].plain("create") != before[name].plain("create"), name
+        assert reworded[name].plain("triggers") == before[name].plain("triggers"), name
+    assert reworded["vllm-serve"].plain("stdin") != before["vllm-serve"].plain("stdin")
+    monkeypatch.setattr(c, "script_text", lambda name: real(name) + (
+        "# a fix\n" if name == "spark_vllm_auth.py" else ""))
+    fixed = graph(2)
+    changed = {n for n in containers
+               if fixed[n].plain("triggers") != before[n].plain("triggers")}
+    assert changed == {"vllm-serve"}
+    assert fixed["vllm-serve"].plain("triggers")[0]["files"]["spark_vllm_auth.py"] != \
+        before["vllm-serve"].plain("triggers")[0]["files"]["spark_vllm_auth.py"]

@@ -77,6 +77,7 @@ def test_matching_unpinned_and_silent_nodes_pass(tmp_path: Path,
     spec = spec_from([{"name": "spark-a", "host": "10.0.0.1", "hostKey": key},
                       {"name": "spark-b", "host": "10.0.0.2", "hostKey": new_key(tmp_path, "b")},
                       {"name": "spark-c", "host": "10.0.0.3"}],
-                     image="i", model="org/m", tensorParallelSize=3)
+                     image="i", model="org/m", tensorParallelSize=3,
+                     insecureAcceptAnyHostKey=True)
     assert hostkeys.mismatches(spec) == []
     assert "10.0.0.3" not in (tmp_path / "calls").read_text()

@@ -89,19 +89,21 @@ def test_the_graph_starts_headless_ranks_then_rank_0_which_depends_on_every_one(
     for node in ("node-2", "node-3"):
         rank = g[f"vllm-rank-{node}"]
         assert rank.urn in leader.dependencies
-        assert leader.plain("triggers")[1][f"rank@{node}"] == f"cid-vllm-rank-{node}\n"
+        assert leader.plain("triggers")[1][f"rank@{node}"] == f"vllm-rank-{node}-id"
         facts = rank.plain("triggers")[0]
         # a vLLM change restarts every rank: each runs the engine's arguments
         assert facts["backend"] == "native" and facts["vllmArgs"] == []
         assert facts["rank"] == int(node[-1]) - 1 and facts["master"].endswith(":29501")
         assert g["memory-check"].urn in rank.dependencies  # memory admission first
-    assert leader.delete_before_replace and "*" in leader.replace_on_changes
+    assert leader.delete_before_replace and set(leader.replace_on_changes) == {"triggers", "triggers[*]"}
     # the group goes as one: a rank whose rank 0 died never joins a new one (torch's TCPStore)
     links = leader.plain("triggers")[1]
     assert {"liveness@vllm-rank-node-2", "liveness@vllm-rank-node-3"} <= set(links)
     for node in ("node-2", "node-3"):
         rlinks = g[f"vllm-rank-{node}"].plain("triggers")[1]
-        assert {"liveness@vllm-leader", "rank0Script", "rank0Stdin"} <= set(rlinks)
+        assert {"liveness@vllm-leader", "rank0", "rank0ApiKey"} <= set(rlinks)
+        # what makes rank 0, never its script's text nor the hfToken
+        assert "rank0Script" not in rlinks and "rank0Stdin" not in rlinks
         other = "node-3" if node == "node-2" else "node-2"
         assert f"liveness@vllm-rank-{other}" in rlinks
 

@@ -12,6 +12,7 @@ import yaml
 from pydantic import ValidationError
 
 from spark_vllm.components.spec import OWNED_ENV, SpecError, _Settings, decode_config, parse_spec
+from tests.unit.harness import TEST_HOST_KEY, pinned
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_SECRETS = frozenset({"sshPrivateKey"})
@@ -21,8 +22,10 @@ def good() -> dict[str, Any]:
     return {
         "nodes": [
             {"name": "spark-a", "host": "10.1.230.180", "user": "aurora",
+             "hostKey": TEST_HOST_KEY,
              "fabricIp": "192.168.200.12", "fabricInterface": "enp1s0f1np1", "gpus": 1},
             {"name": "spark-b", "host": "10.1.230.181", "user": "aurora",
+             "hostKey": TEST_HOST_KEY,
              "fabricIp": "192.168.200.13", "fabricInterface": "enp1s0f1np1", "gpus": 1},
         ],
         "image": "hellohal2064/vllm-qwen3.5-gb10:latest",
@@ -208,6 +211,7 @@ def stack_config(path: Path) -> tuple[dict[str, Any], frozenset[str]]:
     """Flatten a stack file the way Pulumi hands config to a program: structured values as
     JSON text, scalars as their text."""
     doc = yaml.safe_load(path.read_text())["config"]
+    doc["spark-vllm:nodes"] = pinned(doc["spark-vllm:nodes"])  # each site pins its own
     flat = {k: v if isinstance(v, str) else json.dumps(v) for k, v in doc.items()}
     return decode_config(flat)
 
@@ -419,3 +423,29 @@ def test_a_tab_is_not_a_control_character_here() -> None:
     raw.update(env={"FOO": "a\tb"}, vllmArgs=["--chat-template", "{{ x }}\t{{ y }}"])
     spec = parse_spec(raw, "t", ALL_SECRETS)
     assert spec.user_env == {"FOO": "a\tb"} and spec.vllm_args[1] == "{{ x }}\t{{ y }}"
+
+
+def test_a_node_without_a_host_key_is_refused_naming_it_and_the_keyscan_to_run() -> None:
+    def unpin(raw: dict[str, Any]) -> None:
+        raw["nodes"][1].pop("hostKey")
+        raw["nodes"][1]["port"] = 2222
+    (problem,) = problems(unpin)
+    assert problem.startswith("nodes[1].hostKey: required: spark-b has no pinned host key")
+    assert "`ssh-keyscan -t ed25519 -p 2222 10.1.230.181`" in problem
+    assert "insecureAcceptAnyHostKey: true" in problem
+    (both,) = {p.split(":")[0] for p in problems(lambda r: [n.pop("hostKey") for n in r["nodes"]])
+               if "spark-a" in p}
+    assert both == "nodes[0].hostKey"
+
+
+def test_the_labs_opt_out_accepts_a_node_without_a_host_key() -> None:
+    raw = good()
+    raw["nodes"][0].pop("hostKey")
+    raw["insecureAcceptAnyHostKey"] = True
+    spec = parse_spec(raw, "t", ALL_SECRETS)
+    assert spec.insecure_accept_any_host_key and spec.head.host_key is None
+    assert spec.nodes[1].host_key == TEST_HOST_KEY  # a pinned one stays pinned
+    with pytest.raises(SpecError) as err:
+        parse_spec({**raw, "insecureAcceptAnyHostKey": "yes"}, "t", ALL_SECRETS)
+    assert err.value.problems[0].startswith("insecureAcceptAnyHostKey: Input should be a valid "
+                                            "boolean")

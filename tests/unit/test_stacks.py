@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from spark_vllm.components.secret_check import SECRET_KEYS
-from spark_vllm.components.spec import ClusterSpec, decode_config, parse_spec
-from tests.unit.harness import API_KEY, HF_TOKEN, SECRET_SIG, run_main, unwrap
+from spark_vllm.components.spec import ClusterSpec, SpecError, decode_config, parse_spec
+from tests.unit.harness import API_KEY, HF_TOKEN, SECRET_SIG, pinned, run_main, unwrap
 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = ROOT / "stacks"
@@ -30,10 +30,13 @@ def stack_name(path: Path) -> str:
     return path.name.removeprefix("Pulumi.").removesuffix(".yaml")
 
 
-def flat_config(path: Path) -> dict[str, str]:
+def flat_config(path: Path, pin: bool = True) -> dict[str, str]:
     """The stack file's config the way Pulumi hands it to a program: structured values as JSON
-    text, scalars as their text."""
+    text, scalars as their text. `pin`: with a test host key in each node, as a site pins its
+    nodes' own (the committed files cannot know them)."""
     doc = yaml.safe_load(path.read_text())["config"]
+    if pin:
+        doc["spark-vllm:nodes"] = pinned(doc["spark-vllm:nodes"])
     return {k: v if isinstance(v, str) else json.dumps(v) for k, v in doc.items()}
 
 
@@ -62,6 +65,22 @@ def test_a_committed_stack_passes_the_spec_and_holds_no_secret(path: Path) -> No
         assert f"spark-vllm:{key}" not in doc["config"], key
         # the comments say how to set it, encrypted
         assert f"--secret spark-vllm:{key}" in text, key
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=stack_name)
+def test_a_committed_stack_as_it_is_asks_for_each_nodes_host_key_and_says_how(
+        path: Path) -> None:
+    """The examples cannot hold a site's host keys: as committed, each node is refused by name
+    with the ssh-keyscan that prints its key, and for nothing else."""
+    raw, secrets = decode_config(flat_config(path, pin=False))
+    with pytest.raises(SpecError) as err:
+        parse_spec(raw, stack_name(path), secrets | {"sshPrivateKey"})
+    nodes = raw["nodes"]
+    assert len(err.value.problems) == len(nodes)
+    for i, (node, problem) in enumerate(zip(nodes, err.value.problems, strict=True)):
+        assert problem.startswith(f"nodes[{i}].hostKey: required: {node['name']} ")
+        assert f"`ssh-keyscan -t ed25519 {node['host']}`" in problem
+    assert "ssh-keyscan -t ed25519" in path.read_text()  # the file says so too
 
 
 def test_spark_duo_is_the_seeds_deployment() -> None:

@@ -16,6 +16,7 @@ from tests.unit.harness import (
     IMAGE_ID,
     SECRET_SIG,
     SSH_KEY,
+    TEST_HOST_KEY,
     lab_nodes,
     run,
     spec_from,
@@ -123,7 +124,8 @@ def test_image_check_names_what_it_compares_and_asks_the_nodes_itself() -> None:
     assert key.strip() == SSH_KEY and check.inputs["stdin"][SECRET_SIG]
     assert program == f"PAYLOAD = {staging_commands.image_check_payload(spec_from(lab_nodes(2), imageDigest=IMAGE_ID))!r}\n" + c.script_text("image_check.py")
     assert json.loads(staging_commands.image_check_payload(spec_from(lab_nodes(2))))["nodes"][1] == {
-        "name": "node-2", "ip": "192.168.231.12", "user": "root", "port": 22, "hostKey": ""}
+        "name": "node-2", "ip": "192.168.231.12", "user": "root", "port": 22,
+        "hostKey": TEST_HOST_KEY}
     # a pinned digest restarts the containers when it changes (the content changed)
     assert g["ray-head"].plain("triggers")[0]["imageDigest"] == IMAGE_ID
     assert "imageDigest" not in graph(2)["ray-head"].plain("triggers")[0]
@@ -206,7 +208,12 @@ def test_image_digest_pins_the_content(tmp_path, digest: str, refused: str | Non
         assert f"  node-1  {A}  reg/vllm@{C}" in out.stderr
 
 
-def test_every_staging_command_is_replaced_never_mutated() -> None:
+def test_every_staging_command_is_replaced_on_its_triggers_and_runs_again_on_any_other_change(
+        ) -> None:
+    """A new SSH key (in a copy's and the image check's stdin) or script text is an update,
+    which runs `create` again (no `update`): it copies or stages nothing that is there."""
     for name, r in graph(4, tensorParallelSize=2, pipelineParallelSize=2).items():
         if r.type == CMD and (name.startswith("model-") or name == "image-check"):
-            assert r.delete_before_replace and "*" in r.replace_on_changes, name
+            assert r.delete_before_replace, name
+            assert set(r.replace_on_changes) == {"triggers", "triggers[*]"}, name
+            assert r.plain("update") is None and not r.ignore_changes, name

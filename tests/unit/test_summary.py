@@ -25,7 +25,7 @@ from spark_vllm.components import spec
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "previews"
 BACKENDS = ("ray", "native")
 KINDS = ("noop", "env", "identity", "image", "vllm-arg", "node-added", "node-removed",
-         "secret-rotated", "model")
+         "secret-rotated", "ssh-key-rotated", "model")
 BOTH_BACKENDS = [(b, k) for b in BACKENDS for k in KINDS]
 
 # what `python -m lab up` writes and lab.capture_previews changes
@@ -52,6 +52,28 @@ GATE_KEPT = ("node-1", "gate", "keep", "", "")
 VLLM_KEPT = ("node-1", "vLLM", "keep", "", "keeps serving")
 WORKER_KEPT = ("node-2", "Ray worker", "keep", "", "keeps running")
 RANK_KEPT = ("node-2", "vLLM rank", "keep", "", "keeps running")
+# an update in place (node.py node_command): a check runs again, a container is kept
+AGAIN, KEPT = "runs again (a check); nothing restarts", "nothing restarts"
+CONN = summary.SECRET_CONNECTION
+HEAD_STDIN = "stdin (secret) changed: the SSH key, how the head reaches the nodes, or its program"
+IMAGES_AGAIN = ("node-1", "image check", "update", HEAD_STDIN, AGAIN)
+
+
+def ssh_key_rotated(*containers: tuple[str, str]) -> Rows:
+    """A new deploy key: every command is updated in place, nothing restarts."""
+    return [
+        ("node-1", "preflight", "update", CONN, AGAIN),
+        ("node-1", "image check", "update", f"{CONN}; {HEAD_STDIN}", AGAIN),
+        ("node-1", "model", "update", CONN, summary.STAGED_ON_HEAD),
+        ("node-1", "memory check", "update", f"{CONN}; {HEAD_STDIN}", MEMORY_AGAIN),
+        *[(node, role, "update", CONN if role != "gate" else
+           f"{CONN}; the preflights' reports it compares are read again",
+           AGAIN if role == "gate" else KEPT)
+          for node, role in containers if node == "node-1"],
+        ("node-2", "preflight", "update", CONN, AGAIN),
+        ("node-2", "model copy", "update", f"{CONN}; {HEAD_STDIN}", summary.COPIED),
+        *[(node, role, "update", CONN, KEPT) for node, role in containers if node == "node-2"],
+    ]
 
 # The memory check (components/memory_check.py) re-runs when what it estimates changes (the
 # model, vLLM's memory flags, the nodes and their layout), first, on the head; it is in no
@@ -81,7 +103,7 @@ EXPECTED: dict[str, Rows] = {
     ],
     "identity": [
         ("node-1", "preflight", "replace", IDENTITY, CHECK),
-        ("node-1", "image check", "replace", "a node's address, user or host key changed", CHECK),
+        IMAGES_AGAIN,  # where it asks the nodes is its stdin: it runs again
         memory_row("identity"),
         ("node-1", "Ray head", "replace", IDENTITY, RAY),
         ("node-1", "gate", "replace", BOTH, CHECK),
@@ -130,9 +152,11 @@ EXPECTED: dict[str, Rows] = {
     ],
     "secret-rotated": [
         HEAD_KEPT, GATE_KEPT,
-        ("node-1", "vLLM", "replace", summary.SECRET_STDIN, RELOAD),
+        ("node-1", "vLLM", "replace", summary.API_KEY_ROTATED, RELOAD),
         WORKER_KEPT,
     ],
+    "ssh-key-rotated": ssh_key_rotated(("node-1", "Ray head"), ("node-1", "gate"),
+                                       ("node-1", "vLLM"), ("node-2", "Ray worker")),
     # the one change that moves weights: staged again on the head, copied to node-2, and vLLM
     # reloads; Ray keeps running
     "model": [
@@ -155,7 +179,7 @@ NATIVE_EXPECTED: dict[str, Rows] = {
     # rank 0's address moves: the headless rank follows it (its `master`)
     "identity": [
         ("node-1", "preflight", "replace", IDENTITY, CHECK),
-        ("node-1", "image check", "replace", "a node's address, user or host key changed", CHECK),
+        IMAGES_AGAIN,
         memory_row("identity"),
         ("node-1", "vLLM", "replace", f"{IDENTITY}; {MASTER}", RELOAD),
         ("node-2", "vLLM rank", "replace", MASTER, RANK),
@@ -195,12 +219,14 @@ NATIVE_EXPECTED: dict[str, Rows] = {
         ("node-2", "model copy", "delete", "node removed", summary.WEIGHTS_STAY),
         ("node-2", "vLLM rank", "delete", "node removed", "its vLLM rank stops"),
     ],
-    # the apiKey is in rank 0's stdin, and the headless rank holds a secret digest of it
-    # (rank0Stdin): the rank goes for the secret, rank 0 because its rank does
+    # rank 0 serves the API, and a group forms once: the headless rank holds a secret digest
+    # of the apiKey rank 0 serves (rank0ApiKey) and goes with it; rank 0's own diff is not
+    # computed once a member it holds is replaced (unknown id): it reads as the cascade
     "secret-rotated": [
         ("node-1", "vLLM", "replace", "replaced because vLLM rank on node-2 is", RELOAD),
-        ("node-2", "vLLM rank", "replace", summary.SECRET_STDIN, RANK),
+        ("node-2", "vLLM rank", "replace", summary.API_KEY_ROTATED_RANK, RANK),
     ],
+    "ssh-key-rotated": ssh_key_rotated(("node-1", "vLLM"), ("node-2", "vLLM rank")),
     "model": [
         ("node-1", "model", "replace", MODEL_CHANGE, summary.STAGED_ON_HEAD),
         memory_row("model"),
@@ -212,12 +238,17 @@ NATIVE_EXPECTED: dict[str, Rows] = {
 TABLES = {"ray": EXPECTED, "native": NATIVE_EXPECTED}
 
 VLLM_ONLY = "vLLM reloads the model (node-1) · Ray keeps running"
+NOTHING_RESTARTS = ("Nothing restarts: every container is kept (updated in place); checks run "
+                    "again.")
 RESTARTS_ALL = "vLLM reloads the model (node-1) · Ray restarts on 2 nodes"
 HEADLINES = {
     "noop": "No change: nothing restarts.",
     "env": RESTARTS_ALL, "identity": RESTARTS_ALL,
     "image": f"{RESTARTS_ALL} · the model is staged again on the head",
-    "vllm-arg": VLLM_ONLY, "secret-rotated": VLLM_ONLY,
+    "vllm-arg": VLLM_ONLY,
+    "secret-rotated": f"vLLM reloads the model (node-1): {summary.API_KEY_ROTATED} · Ray keeps "
+                      "running",
+    "ssh-key-rotated": NOTHING_RESTARTS,
     "node-added": "vLLM reloads the model (node-1) · Ray starts on node-3 · the model is copied "
                   "to node-3",
     "model": "vLLM reloads the model (node-1) · the model is copied to node-2 · Ray keeps running",
@@ -226,7 +257,9 @@ HEADLINES = {
 GROUP = "vLLM reloads the model (node-1) · vLLM's headless ranks restart on node-2 (no Ray)"
 NATIVE_HEADLINES = {
     "noop": "No change: nothing restarts.",
-    "env": GROUP, "identity": GROUP, "vllm-arg": GROUP, "secret-rotated": GROUP,
+    "env": GROUP, "identity": GROUP, "vllm-arg": GROUP,
+    "secret-rotated": GROUP,
+    "ssh-key-rotated": NOTHING_RESTARTS,
     "image": f"{GROUP} · the model is staged again on the head",
     "node-added": f"{GROUP} · vLLM's headless rank starts on node-3 · the model is copied to "
                   "node-3",
@@ -247,7 +280,7 @@ def compiles_again(key: str) -> str:
 
 
 CACHE_NOTES = {  # the same for both backends
-    "noop": "",  # nothing starts
+    "noop": "", "ssh-key-rotated": "",  # nothing starts
     "env": WARM, "identity": WARM, "secret-rotated": WARM,
     "image": f"vLLM starts cold: the image changes, so each node's compile cache ({CACHE}) is "
              "cleared.",
@@ -260,6 +293,7 @@ CACHE_NOTES = {  # the same for both backends
 RELOADS = "vLLM: yes (reloads the model: minutes of downtime on a Spark)."
 WHAT_RESTARTS = {
     "noop": "What restarts: Ray on no node; vLLM: no.",
+    "ssh-key-rotated": "What restarts: Ray on no node; vLLM: no (changes in place).",
     "env": f"What restarts: Ray on 2 nodes (node-1, node-2); {RELOADS} {WARM}",
     "identity": f"What restarts: Ray on 2 nodes (node-1, node-2); {RELOADS} {WARM}",
     "image": f"What restarts: Ray on 2 nodes (node-1, node-2); {RELOADS} {CACHE_NOTES['image']}",
@@ -276,6 +310,7 @@ NATIVE = "What restarts (backend native, no Ray):"
 RANK_2 = f"{NATIVE} vLLM's headless ranks on 1 node (node-2); {RELOADS}"
 NATIVE_WHAT_RESTARTS = {
     "noop": f"{NATIVE} no headless rank; vLLM: no.",
+    "ssh-key-rotated": f"{NATIVE} no headless rank; vLLM: no (changes in place).",
     "env": f"{RANK_2} {WARM}",
     "identity": f"{RANK_2} {WARM}",
     "image": f"{RANK_2} {CACHE_NOTES['image']}",
@@ -338,7 +373,8 @@ _RESOURCE = {"preflight": "{node}-preflight", "image check": "image-check",
              "memory check": "memory-check", "Ray head": "ray-head",
              "Ray worker": "ray-worker-{node}", "gate": "ray-gate",
              "vLLM rank": "vllm-rank-{node}"}
-_ROW_ACTION = {"same": "keep", "replace": "replace", "create": "create", "delete": "delete"}
+_ROW_ACTION = {"same": "keep", "replace": "replace", "create": "create", "delete": "delete",
+               "update": "update"}
 
 
 @pytest.mark.parametrize(("backend", "kind"), BOTH_BACKENDS)
@@ -358,14 +394,14 @@ def test_the_expected_rows_are_the_captures_plan(backend: str, kind: str) -> Non
         named[name] = action
     assert {n for n, op in ops.items() if op != "same"} == \
         {n for n, action in named.items() if action != "keep"}
-    assert ("memory-check" in named) == (kind in MEMORY_CAUSES)
+    assert (named.get("memory-check") == "replace") == (kind in MEMORY_CAUSES)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_the_headline_says_what_restarts_loudest_first(kind: str) -> None:
     s = summarized(kind)
     assert summary.headline(s) == HEADLINES[kind]
-    if kind != "noop":
+    if kind not in ("noop", "ssh-key-rotated"):
         assert summary.headline(s, markdown=True).startswith("**vLLM reloads the model** (node-1)")
 
 
@@ -374,7 +410,7 @@ def test_the_native_headline_names_the_headless_ranks_and_no_ray(kind: str) -> N
     s = summarized(kind, "native")
     assert summary.headline(s) == NATIVE_HEADLINES[kind]
     assert "Ray" not in NATIVE_HEADLINES[kind].replace("(no Ray)", "")
-    if kind != "noop":
+    if kind not in ("noop", "ssh-key-rotated"):
         assert summary.headline(s, markdown=True).startswith("**vLLM reloads the model** (node-1)")
 
 
@@ -394,8 +430,8 @@ def test_the_memory_check_runs_again_first_where_its_estimate_changes(backend: s
     """On the head, before every container's row; its cause in config terms (a node's field by
     node, vLLM's flag as vLLM spells it), never the check's own payload."""
     s = summarized(kind, backend)
-    checks = [r for r in s.rows if r.role == summary.MEMORY]
-    if kind not in MEMORY_CAUSES:  # nothing it estimates changed: kept, so no row
+    checks = [r for r in s.rows if r.role == summary.MEMORY and r.action != "update"]
+    if kind not in MEMORY_CAUSES:  # nothing it estimates changed: kept or updated, no restart
         assert checks == []
         return
     assert rows(checks) == [memory_row(kind)]
@@ -406,19 +442,68 @@ def test_the_memory_check_runs_again_first_where_its_estimate_changes(backend: s
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_memory_check_alone_starts_nothing(backend: str) -> None:
-    """An upgrade of spark-vllm that changes only the check's program (its stdin) runs it again
-    and restarts nothing: the noop capture with that one step made a replace."""
+    """An upgrade of spark-vllm that changes only the check's program (its stdin) is an update:
+    the check runs again and restarts nothing: the noop capture with that one step updated."""
     doc = preview("noop", backend)
     step = next(s for s in doc["steps"] if s["urn"].endswith("::memory-check"))
-    step.update(op="replace", diffReasons=["stdin"], replaceReasons=["stdin"])
+    step.update(op="update", diffReasons=["stdin"])
     s = summary.summarize(doc)
     assert [r for r in rows(s) if r[2] != "keep"] == [
-        ("node-1", "memory check", "replace",
-         "its program (an upgrade of spark-vllm) or the SSH key changed", MEMORY_AGAIN)]
+        ("node-1", "memory check", "update",
+         "stdin (secret) changed: the SSH key, how the head reaches the nodes, or its program",
+         MEMORY_AGAIN)]
     assert summary.headline(s) == "Nothing restarts: only checks run again."
     assert summary.what_restarts(s) == (NATIVE_WHAT_RESTARTS if backend == "native"
                                         else WHAT_RESTARTS)["noop"]
     assert s.compile_cache == ""
+
+
+def _vllm_replaced(backend: str, change: Any) -> summary.Summary:
+    """The noop capture with the API server's container replaced: `change(old, new)` edits
+    a copy of its triggers' facts into the new state's."""
+    import copy
+
+    doc = preview("noop", backend)
+    name = "::vllm-leader" if backend == "native" else "::vllm-serve"
+    step = next(s for s in doc["steps"] if s["urn"].endswith(name))
+    new_state = copy.deepcopy(step["newState"])
+    facts = new_state["inputs"]["triggers"][0]
+    change(facts)
+    step.update(op="replace", newState=new_state, diffReasons=["triggers"],
+                replaceReasons=["triggers"], detailedDiff={"triggers[0]": {"kind": "update"}})
+    return summary.summarize(doc)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_new_middleware_says_so_in_the_row_and_the_headline(backend: str) -> None:
+    s = _vllm_replaced(backend, lambda f: f["files"].update({"spark_vllm_auth.py": "0" * 16}))
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == (summary.FILE_CAUSES["spark_vllm_auth.py"],)
+    assert summary.headline(s).startswith(
+        "vLLM reloads the model (node-1): the API-key middleware changed (spark_vllm_auth.py)")
+
+
+def test_a_new_docker_run_line_alone_names_the_words_it_changed() -> None:
+    def argv(f: dict[str, Any]) -> None:
+        f["argv"] = [w for w in f["argv"] if w != "--ipc"] + ["--ulimit", "memlock=-1"]
+    s = _vllm_replaced("ray", argv)
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == ("docker run line: ---ipc +--ulimit +memlock=-1",)
+    assert "docker run line" in summary.headline(s)
+
+
+def test_state_from_before_the_docker_run_line_was_recorded_says_it_is_replaced_once() -> None:
+    import copy
+
+    doc = preview("noop")
+    step = next(s for s in doc["steps"] if s["urn"].endswith("::vllm-serve"))
+    old_state = copy.deepcopy(step["oldState"])
+    for key in ("argv", "files", "user"):
+        old_state["inputs"]["triggers"][0].pop(key, None)
+    step.update(op="replace", oldState=old_state, diffReasons=["triggers"])
+    s = summary.summarize(doc)
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == (summary.RECORDED_ONCE,)
 
 
 @pytest.mark.parametrize(("backend", "kind"), BOTH_BACKENDS)
@@ -427,7 +512,7 @@ def test_the_compile_cache_note_says_warm_or_cold_and_why(backend: str, kind: st
     changes (the cache is cleared); compiles again for a new model, layout or vLLM flag."""
     s = summarized(kind, backend)
     assert s.compile_cache == CACHE_NOTES[kind]
-    if kind != "noop":
+    if CACHE_NOTES[kind]:
         assert summary.what_restarts(s).endswith(f" {CACHE_NOTES[kind]}")
         assert summary.render_markdown(s).rstrip().endswith(CACHE_NOTES[kind])
         assert summary.render_text(s).rstrip().endswith(CACHE_NOTES[kind])
