@@ -135,23 +135,29 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         SparkNode(n.name, SparkNodeArgs(spec=spec, node=n, ssh_private_key=secrets.ssh_private_key))
         for n in spec.nodes
     ]
-    # before any container: one image everywhere, then the weights on every node
+    # before any container: one image everywhere, the weights on the head
     before: list[pulumi.Resource] = [
         ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key).check]
     staging = None
+    copies: list[pulumi.Resource] = []
     if spec.staged:
         staging = ModelStaging("model", ModelStagingArgs(
             spec=spec, nodes=nodes, ssh_private_key=secrets.ssh_private_key,
             hf_token=secrets.hf_token, after=tuple(before)))
-        before += staging.done
-    # will vLLM fit, with the weights on the head and each node's free memory now
+        before.append(staging.stage)
+        copies = list(staging.copies)
+    # will vLLM fit, with the weights on the head (their config) and each node's free memory now
     memory = MemoryCheck("memory", spec, nodes, ssh_private_key=secrets.ssh_private_key,
                          after=list(before))
     before.append(memory.check)
+    # The copies to the other nodes are only for vLLM's ranks: Ray's containers start while
+    # they run (a cold up no longer waits for a copy, or its verification, before Ray), and
+    # vLLM waits for both. A copy that fails leaves the Ray cluster up and in the state; the
+    # next `up` copies again and keeps it.
     if spec.backend == "native":
         group = NativeGroup("vllm", NativeGroupArgs(
             spec=spec, nodes=nodes, hf_token=secrets.hf_token, api_key=secrets.api_key,
-            after=tuple(before)))
+            after=tuple(before + copies)))
         endpoint, served, container_ids = group.endpoint, group.served_model_name, \
             group.container_ids
         ray_nodes: pulumi.Input[str] = "none: backend native (no Ray)"
@@ -160,7 +166,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
                                                    hf_token=secrets.hf_token, after=tuple(before)))
         service = VllmService("vllm", VllmServiceArgs(
             spec=spec, head=nodes[0], cluster=cluster,
-            hf_token=secrets.hf_token, api_key=secrets.api_key))
+            hf_token=secrets.hf_token, api_key=secrets.api_key, after=tuple(copies)))
         endpoint, served, ray_nodes = service.endpoint, service.served_model_name, \
             cluster.node_table
         container_ids = pulumi.Output.all(cluster.container_ids, service.container_id).apply(

@@ -42,7 +42,8 @@ class ModelStagingArgs:
 
 class ModelStaging(pulumi.ComponentResource):
     summary: pulumi.Output[dict[str, Any]]
-    done: list[pulumi.Resource]
+    stage: pulumi.Resource  # the weights on the head (fetched there once)
+    copies: list[pulumi.Resource]  # head -> each other node, verified
 
     def __init__(self, name: str, args: ModelStagingArgs,
                  opts: pulumi.ResourceOptions | None = None) -> None:
@@ -83,7 +84,6 @@ class ModelStaging(pulumi.ComponentResource):
                           {"headCopy": head_live.id, "liveness": live.id}],
                 depends_on=[self.stage, n.preflight],
             ))
-        self.done = [self.stage, *self.copies]
         self.register_outputs({"summary": self.summary})
 
 

@@ -21,6 +21,9 @@ class VllmServiceArgs:
     cluster: RayCluster
     hf_token: pulumi.Input[str] | None = None  # secret
     api_key: pulumi.Input[str] | None = None  # secret
+    # the model's copies to the other nodes: only vLLM's ranks read them, so the Ray cluster
+    # starts while they run (program.deploy)
+    after: tuple[pulumi.Resource, ...] = ()
 
 
 class VllmService(pulumi.ComponentResource):
@@ -53,7 +56,7 @@ class VllmService(pulumi.ComponentResource):
                    **{f"rayWorker@{n.name}": w.id
                       for n, w in zip(spec.workers, cluster.workers, strict=True)},
                    **api_key_digest(args.api_key)},
-            depends_on=[cluster.gate],
+            depends_on=[cluster.gate, *args.after],
             # refresh asks the server itself, as a client would (vllm#53157): serving, busy
             # or wedged (commands.liveness_target)
             serving=commands.liveness_target(spec),

@@ -39,9 +39,15 @@ def test_image_check_then_staging_then_every_container(n: int) -> None:
     for i, copy in enumerate(copies, start=2):
         assert stage.urn in copy.dependencies
         assert g[f"node-{i}-preflight"].urn in copy.dependencies
-    containers = ["ray-head", *(f"ray-worker-node-{i}" for i in range(2, n + 1))]
-    for name in containers:
-        assert {check.urn, stage.urn, *(x.urn for x in copies)} <= set(g[name].dependencies)
+    ray = ["ray-head", *(f"ray-worker-node-{i}" for i in range(2, n + 1))]
+    for name in ray:
+        # Ray's containers need the image and the admission, not the copies: they start while
+        # the weights are copied to the other nodes
+        assert {check.urn, stage.urn} <= set(g[name].dependencies)
+        assert not {x.urn for x in copies} & set(g[name].dependencies), name
+    # vLLM, whose ranks read the weights on every node, waits for every copy
+    assert {x.urn for x in copies} <= set(g["vllm-serve"].dependencies)
+    for name in [*ray, "vllm-serve"]:
         # ordering only: staging again (a shard re-copied) restarts no container
         linked = {u for deps in g[name].property_dependencies.values() for u in deps}
         assert not linked & {check.urn, stage.urn, *(x.urn for x in copies)}, name
