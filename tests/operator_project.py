@@ -15,6 +15,18 @@ from lab import envsh
 
 CLI = Path(sys.executable).parent / "spark-vllm"
 PASSPHRASE = "operator-passphrase"
+# a well-formed ed25519 public key: what an operator pins in each node's hostKey (the committed
+# example stacks cannot know a site's keys; a preview contacts no node)
+HOST_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAABAgMEBQYHCAkKCwwNDg8QERITFBUWFxgZGhscHR4f"
+
+
+def pin_host_keys(stack_file: Path) -> None:
+    """Each node of the stack file gets HOST_KEY as its hostKey, as an operator pins theirs
+    (the file's salt and secrets are kept; its comments are not)."""
+    doc = yaml.safe_load(stack_file.read_text())
+    for node in doc["config"]["spark-vllm:nodes"]:
+        node.setdefault("hostKey", HOST_KEY)
+    stack_file.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
 def use_venv(project: Path, venv: Path) -> None:

@@ -40,6 +40,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     example = (REPO_DIR / "stacks" / "Pulumi.spark-duo.yaml").read_text()
     with (proj / "Pulumi.site-a.yaml").open("a") as f:
         f.write(example)
+    operator_project.pin_host_keys(proj / "Pulumi.site-a.yaml")
     return proj, env
 
 

@@ -171,6 +171,7 @@ def own_project(installed: Installed) -> tuple[Path, subprocess.CompletedProcess
     ok(run(["pulumi", "stack", "init", "site-a"], cwd=project, env=installed.env, timeout=120))
     with (project / "Pulumi.site-a.yaml").open("a") as f:
         f.write((STACKS / "Pulumi.spark-duo.yaml").read_text())
+    operator_project.pin_host_keys(project / "Pulumi.site-a.yaml")
     ok(run(["pulumi", "config", "set", "--secret", "spark-vllm:sshPrivateKey"], cwd=project,
            env=installed.env, stdin=KEY.read_text(), timeout=120))
     proc, steps = preview(project, installed.env)
@@ -197,6 +198,7 @@ def test_a_clone_previews_its_stacks_dir(installed: Installed) -> None:
     assert yaml.safe_load((clone / "Pulumi.yaml").read_text())["stackConfigDir"] == "stacks"
     site = clone / "stacks" / "Pulumi.site-b.yaml"
     shutil.copy2(STACKS / "Pulumi.spark-quad.yaml", site)
+    operator_project.pin_host_keys(site)
     operator_project.use_venv(clone, installed.venv)
     ok(run(["pulumi", "stack", "init", "site-b"], cwd=clone, env=installed.env, timeout=120))
     ok(run(["pulumi", "config", "set", "--secret", "spark-vllm:sshPrivateKey"], cwd=clone,
