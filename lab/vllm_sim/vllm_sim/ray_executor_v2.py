@@ -103,9 +103,11 @@ class RayWorkerProc:
         where = f"rank {self.rank} on {ray.util.get_node_ip_address()} ({socket.gethostname()})"
         # vLLM 0.26.0 v1/worker/gpu_model_runner.py load_model's first line, in each rank
         logger.info("Starting to load model %s...", source.model)
-        loaded = load_weights(source, progress=self.rank == 0, where=where)
-        _memory_monitor(self.own_env)
-        time.sleep(load_seconds)
+        loaded = load_weights(source, progress=self.rank == 0, where=where,
+                              pretend_s=load_seconds)
+        if loaded is None:  # not cached: the pretend load still takes its time
+            time.sleep(load_seconds)
+        _memory_monitor(self.own_env)  # the weights are in: the node's memory is full
         # :193-212
         self.rpc_broadcast_mq = MessageQueue.create_from_handle(self.input_handle, self.rank)
         self.worker_response_mq = MessageQueue(

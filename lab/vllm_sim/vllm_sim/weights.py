@@ -341,10 +341,13 @@ def _bar(n: int, total: int, t0: float) -> None:
           file=sys.stderr, flush=True)
 
 
-def load_weights(source: ModelSource, *, progress: bool, where: str) -> Loaded | None:
+def load_weights(source: ModelSource, *, progress: bool, where: str,
+                 pretend_s: float = 0.0) -> Loaded | None:
     """One rank's weight loading, headers only. `progress`: print the shard bar (rank 0 in
     vLLM). `where` ("rank 1 on 10.0.0.2 (node-2)") goes into a note on any failure, with the
-    shard being read: a simulator addition, safetensors' own messages name no file."""
+    shard being read: a simulator addition, safetensors' own messages name no file.
+    `pretend_s`: the load's pretend time (VLLM_SIM_LOAD_SECONDS), spent before vLLM's
+    "Loading weights took" line, as a real load's is."""
     t0 = time.perf_counter()
     current: str | None = None
     try:
@@ -372,5 +375,6 @@ def load_weights(source: ModelSource, *, progress: bool, where: str) -> Loaded |
         e.add_note(f"vllm-sim: {where} failed to load {source.model}"
                    + (f" at {current}" if current else ""))
         raise
+    time.sleep(pretend_s)
     logger.info("Loading weights took %.2f seconds", time.perf_counter() - t0)
     return Loaded(folder=folder, files=len(files), bytes=total, tensors=tensors)
