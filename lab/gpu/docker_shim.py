@@ -125,7 +125,7 @@ def parse_env_file(path: str) -> dict[str, str]:
     return env
 
 
-def cmd_run(argv: list[str]) -> None:
+def cmd_run(argv: list[str], create: bool = False) -> None:
     flags_with_value = {"--name", "--label", "--network", "--ipc", "--shm-size", "--gpus",
                         "--volume", "-v", "--env-file", "--env", "-e", "--entrypoint", "--pid",
                         "--volumes-from"}
@@ -181,6 +181,19 @@ def cmd_run(argv: list[str]) -> None:
               "pid_mode": (opts.get("--pid") or [""])[-1], "created": time.time(),
               "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":")}
     (cdir(name) / "config.json").write_text(json.dumps(config))
+    if create:  # `docker create`: started later by `docker start`
+        print(cid)
+        return
+    _launch(name)
+    if "--detach" not in opts and "-d" not in opts:
+        while status(name) == "running":
+            time.sleep(0.1)
+        sys.stdout.write(_read(cdir(name) / "log"))
+        sys.exit(exit_code(name) or 0)
+    print(cid)
+
+
+def _launch(name: str) -> None:
     log = open(cdir(name) / "log", "ab")
     subprocess.Popen([sys.executable, __file__, "_supervise", name], stdin=subprocess.DEVNULL,
                      stdout=log, stderr=log, start_new_session=True, close_fds=True)
@@ -188,12 +201,16 @@ def cmd_run(argv: list[str]) -> None:
         if (cdir(name) / "mntns").exists() or exit_code(name) is not None:
             break
         time.sleep(0.01)
-    if "--detach" not in opts and "-d" not in opts:
-        while status(name) == "running":
-            time.sleep(0.1)
-        sys.stdout.write(_read(cdir(name) / "log"))
-        sys.exit(exit_code(name) or 0)
-    print(cid)
+
+
+def cmd_start(argv: list[str]) -> None:
+    """`docker start NAME`: a created container (the native backend's rank 0: created, given
+    its files by `docker cp`, then started)."""
+    for name in argv:
+        _must(name)
+        if status(name) == "created":
+            _launch(name)
+        print(name)
 
 
 def cmd_supervise(name: str) -> None:
@@ -222,6 +239,8 @@ def cmd_init(name: str) -> None:
         subprocess.run(["mount", "--bind", f"/proc/{os.getpid()}/fd/{fd}", ctr], check=True,
                        pass_fds=(fd,))
         os.close(fd)
+    for staged, dst, script in config.get("pending_cp", []):  # `docker cp` before the start
+        subprocess.run(["sh", "-c", script, "cp", staged, dst], check=True)
     os.chdir("/")
     cmd = config["command"]
     try:
@@ -326,14 +345,23 @@ def cmd_exec(argv: list[str]) -> None:
 def cmd_cp(argv: list[str]) -> None:
     src, dst = argv[-2:]
     name, _, path = dst.partition(":")
-    _must(name)
-    if status(name) != "running":
-        die(f"Error response from daemon: container {name} is not running")
+    config = _must(name)
     src = os.path.abspath(src) + ("/." if src.endswith("/.") else "")
     if src.endswith("/."):
         script = 'mkdir -p "$2" && cp -a "$1" "$2"'
     else:
         script = 'cp -a "$1" "$2"'
+    if status(name) == "created":  # kept here, copied in when it starts (after its mounts)
+        staged = cdir(name) / "cp" / str(len(config.get("pending_cp", [])))
+        staged.mkdir(parents=True)
+        rc = subprocess.run(["sh", "-c", script, "cp", src, str(staged)]).returncode
+        config.setdefault("pending_cp", []).append(
+            [str(staged) + ("/." if src.endswith("/.") else "/" + os.path.basename(src)),
+             path, script])
+        (cdir(name) / "config.json").write_text(json.dumps(config))
+        sys.exit(rc)
+    if status(name) != "running":
+        die(f"Error response from daemon: container {name} is not running")
     sys.exit(subprocess.run(["nsenter", "-t", str(init_pid(name)), "-m", "--", "sh", "-c",
                              script, "cp", src, path]).returncode)
 
@@ -368,7 +396,8 @@ def main(argv: list[str]) -> None:
     elif cmd == "version":
         print("24.0.0-spark-vllm-shim")
     else:
-        table = {"run": cmd_run, "inspect": cmd_inspect, "image": cmd_image, "logs": cmd_logs,
+        table = {"run": cmd_run, "create": lambda a: cmd_run(a, create=True),
+                 "start": cmd_start, "inspect": cmd_inspect, "image": cmd_image, "logs": cmd_logs,
                  "rm": cmd_rm, "exec": cmd_exec, "cp": cmd_cp, "kill": cmd_kill, "ps": cmd_ps}
         if cmd not in table:
             die(f"docker {cmd}: not emulated by the GPU tier's shim")

@@ -1,0 +1,188 @@
+"""Two "nodes" on one machine for the CPU tier: network namespaces joined by a veth pair.
+
+Each node is what a host is to the program, as far as multi-node vLLM can tell:
+- its own network stack (a network namespace), with its fabric interface under its own name
+  (`spvf0` on n0, `spvf1` on n1: each node's GLOO_SOCKET_IFNAME must be its own, as on hosts
+  cabled differently) on the fabric subnet 10.99.0.0/24, and loopback;
+- its own /dev/shm (a tmpfs in its own mount namespace: POSIX shared memory is a file under
+  /dev/shm, so `unshare --ipc` alone would still share it) and its own shim state (the
+  node's "Docker": containers, anonymous volumes) and $HOME (the program's env-files);
+- n0 has a second interface, `spvm0` (10.98.0.10), linked to the machine (10.98.0.1):
+  the operator's LAN, which the runner reaches the API through, and the head's second
+  address as the seeds' nodes had one (their external NIC beside the RoCE link).
+The machine's CPUs, memory, PIDs and files (the venv, the model) are shared.
+
+A node's namespaces live while a holder process (`sleep`) does; every command for the node
+enters them with nsenter. `down()` kills every process in each node's namespaces by PID,
+deletes the namespaces (the veth pair with them) and the machine's end of the LAN link, and
+removes the run directory; `leftovers()` says what would remain.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "spark-vllm-cpu"
+FABRIC_NET = "10.99.0"
+LAN_NET = "10.98.0"
+LAN_HOST_IF = "spvm-host"  # the machine's end of n0's LAN link
+
+
+@dataclass
+class Node:
+    name: str  # n0, n1
+    fabric_ip: str
+    fabric_if: str
+    lan_ip: str | None  # n0 only
+    holder: int = 0  # the holder's PID: its namespaces are the node's
+
+    @property
+    def netns(self) -> str:
+        return f"{PREFIX}-{self.name}"
+
+
+def _run(argv: list[str], timeout: float = 20, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=check)
+
+
+class Nodes:
+    def __init__(self, run_dir: str = f"/run/{PREFIX}") -> None:
+        self.run_dir = Path(run_dir)
+        self.nodes = [Node("n0", f"{FABRIC_NET}.10", "spvf0", f"{LAN_NET}.10"),
+                      Node("n1", f"{FABRIC_NET}.11", "spvf1", None)]
+
+    def __getitem__(self, name: str) -> Node:
+        return next(n for n in self.nodes if n.name == name)
+
+    # --- up --------------------------------------------------------------------------------
+
+    def up(self, deadline_s: float = 30) -> None:
+        """Create both nodes; on any failure remove what was made and raise."""
+        end = time.monotonic() + deadline_s
+        self.down()  # a killed earlier run's leftovers
+        try:
+            for n in self.nodes:
+                _run(["ip", "netns", "add", n.netns])
+            a, b = self.nodes
+            _run(["ip", "link", "add", a.fabric_if, "netns", a.netns, "type", "veth", "peer",
+                  "name", b.fabric_if, "netns", b.netns])
+            _run(["ip", "link", "add", LAN_HOST_IF, "type", "veth", "peer", "name", "spvm0",
+                  "netns", a.netns])
+            _run(["ip", "addr", "add", f"{LAN_NET}.1/24", "dev", LAN_HOST_IF])
+            _run(["ip", "link", "set", LAN_HOST_IF, "up"])
+            for n in self.nodes:
+                ns = ["ip", "-n", n.netns]
+                _run([*ns, "link", "set", "lo", "up"])
+                _run([*ns, "addr", "add", f"{n.fabric_ip}/24", "dev", n.fabric_if])
+                _run([*ns, "link", "set", n.fabric_if, "up"])
+                if n.lan_ip:
+                    _run([*ns, "addr", "add", f"{n.lan_ip}/24", "dev", "spvm0"])
+                    _run([*ns, "link", "set", "spvm0", "up"])
+                self._hold(n, end)
+        except BaseException:
+            self.down()
+            raise
+
+    def _hold(self, n: Node, end: float) -> None:
+        home = self.run_dir / n.name / "home"
+        home.mkdir(parents=True, exist_ok=True)
+        # the node's own /dev/shm, in its own mount namespace; `ready` once it is mounted
+        script = ("mount -t tmpfs -o mode=1777,size=4g tmpfs /dev/shm && echo ready "
+                  "&& exec sleep infinity")
+        proc = subprocess.Popen(["ip", "netns", "exec", n.netns, "unshare", "--mount",
+                                 "--propagation", "private", "sh", "-c", script],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()  # bounded: the mount either works or fails
+        if line != "ready" or time.monotonic() > end:
+            proc.kill()
+            raise RuntimeError(f"{n.name}: its /dev/shm did not mount: {proc.stderr.read()}")
+        n.holder = proc.pid  # `ip netns exec` execs unshare, which execs sh, then sleep
+        (self.run_dir / n.name / "holder").write_text(str(proc.pid))
+
+    # --- running on a node -----------------------------------------------------------------
+
+    def env(self, n: Node) -> dict[str, str]:
+        """What differs per node in a command's env: its Docker's state and its $HOME."""
+        d = self.run_dir / n.name
+        return {"SHIM_STATE": str(d / "shim"), "SHIM_VOLUMES": str(d / "volumes"),
+                "HOME": str(d / "home")}
+
+    def argv(self, n: Node, argv: list[str]) -> list[str]:
+        return ["nsenter", "-t", str(n.holder), "-m", "-n", "--", *argv]
+
+    # --- processes -------------------------------------------------------------------------
+
+    def netns_inode(self, n: Node) -> str | None:
+        try:
+            st = os.stat(f"/run/netns/{n.netns}")
+        except FileNotFoundError:
+            return None
+        return f"net:[{st.st_ino}]"
+
+    def pids(self, n: Node) -> list[int]:
+        """Every process in the node's network namespace (its containers' included)."""
+        ns = self.netns_inode(n)
+        out = []
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit():
+                try:
+                    if ns and os.readlink(p / "ns" / "net") == ns:
+                        out.append(int(p.name))
+                except OSError:
+                    pass
+        return out
+
+    def node_of(self, pid: int) -> str | None:
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/net")
+        except OSError:
+            return None
+        return next((n.name for n in self.nodes if self.netns_inode(n) == ns), None)
+
+    # --- down ------------------------------------------------------------------------------
+
+    def down(self, deadline_s: float = 20) -> None:
+        end = time.monotonic() + deadline_s
+        for n in self.nodes:
+            while time.monotonic() < end:
+                pids = self.pids(n)
+                if not pids:
+                    break
+                for pid in pids:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                time.sleep(0.1)
+            try:
+                held = int((self.run_dir / n.name / "holder").read_text())
+                os.kill(held, signal.SIGKILL)
+            except (FileNotFoundError, ValueError, ProcessLookupError):
+                pass
+            _run(["ip", "netns", "del", n.netns], check=False)
+            n.holder = 0
+        _run(["ip", "link", "del", LAN_HOST_IF], check=False)
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+    def leftovers(self) -> list[str]:
+        """What of the tier remains on the machine: namespaces, links, processes, files."""
+        found = []
+        netns = _run(["ip", "netns", "list"], check=False).stdout
+        found += [f"netns {ln.split()[0]}" for ln in netns.splitlines()
+                  if ln.startswith(PREFIX)]
+        links = _run(["ip", "-o", "link", "show"], check=False).stdout
+        found += [f"link {ln.split(':')[1].strip()}" for ln in links.splitlines()
+                  if ln.split(":")[1].strip().split("@")[0] in (LAN_HOST_IF,)]
+        for n in self.nodes:
+            found += [f"process {pid} in {n.name}" for pid in self.pids(n)]
+        if self.run_dir.exists():
+            found.append(f"dir {self.run_dir}")
+        return found
