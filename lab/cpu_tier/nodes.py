@@ -93,7 +93,7 @@ class Nodes:
         home = self.run_dir / n.name / "home"
         home.mkdir(parents=True, exist_ok=True)
         # the node's own /dev/shm, in its own mount namespace; `ready` once it is mounted
-        script = ("mount -t tmpfs -o mode=1777,size=4g tmpfs /dev/shm && echo ready "
+        script = ("mount -t tmpfs -o mode=1777 tmpfs /dev/shm && echo ready "
                   "&& exec sleep infinity")
         proc = subprocess.Popen(["ip", "netns", "exec", n.netns, "unshare", "--mount",
                                  "--propagation", "private", "sh", "-c", script],

@@ -179,7 +179,8 @@ class CpuTier(gpu.Tier):
         for r in ranks:
             if r["actor"] or "Worker" in r["title"]:
                 return r
-        return None
+        # else the newest vLLM process there (a worker is started by the node's main process)
+        return max(ranks, key=lambda r: r["pid"]) if ranks else None
 
     def rank_env2(self) -> dict:
         return {"processes": [{k: v for k, v in r.items() if k != "pid"}
