@@ -16,14 +16,17 @@ wheels_key=$(sha256sum "$lock" | cut -c1-64)
 files_key=$(cat "$lock" plugin/spark_vllm_cpu_platform/*.py plugin/entry_points.txt ../gpu/envprobe/*.py \
   ../gpu/envprobe/entry_points.txt ../gpu/tiny_model.py install.sh | sha256sum | cut -c1-64)
 done_msg() { echo "[cpu-tier] venv ready ($1) in $(( $(date +%s) - t0 )) s"; echo "$VENV"; }
-if [ "$(cat "$VENV/.spark-vllm-files" 2>/dev/null)" = "$files_key" ]; then
+# the commands the tier runs in it: a venv without them is remade
+whole() { [ -x "$VENV/bin/vllm" ] && [ -x "$VENV/bin/ray" ]; }
+if [ "$(cat "$VENV/.spark-vllm-files" 2>/dev/null)" = "$files_key" ] && whole; then
   done_msg cached; exit 0
 fi
-if [ "$(cat "$VENV/.spark-vllm-wheels" 2>/dev/null)" != "$wheels_key" ]; then
+if [ "$(cat "$VENV/.spark-vllm-wheels" 2>/dev/null)" != "$wheels_key" ] || ! whole; then
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps --require-hashes \
     --only-binary=:all: --no-compile -r "$lock"
+  whole || { echo "[cpu-tier] $VENV has no bin/vllm or bin/ray after the install" >&2; exit 1; }
   echo "$wheels_key" > "$VENV/.spark-vllm-wheels"
   echo "[cpu-tier] wheels installed in $(( $(date +%s) - t0 )) s"
 fi

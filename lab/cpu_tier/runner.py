@@ -117,6 +117,18 @@ class CpuTier(gpu.Tier):
 
     # --- what the GPU runner does on one machine, per node -----------------------------------
 
+    def liveness(self, spec: specmod.ClusterSpec) -> dict:
+        """The refresh-time read of the API server's container: vLLM's (Ray) or rank 0's
+        (native), as liveness.observe runs it."""
+        role = commands.LEADER if spec.backend == "native" else commands.VLLM
+        r = self.sh(commands.inspect_script(commands.container_name(spec, role),
+                                            commands.liveness_target(spec)),
+                    commands.script_text("vllm_liveness.py"), timeout=120)
+        r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
+        r["seen"] = [ln[1] for ln in r["stderr"]
+                     if ln[1].startswith(("serving:", "busy:", "unknown:"))]
+        return r
+
     def preflight_report(self, node: str = "n0", ip: str = "") -> dict:
         code = ("import ray, sys, importlib.metadata as m; "
                 "print(ray.__version__, sys.version.split()[0], m.version('vllm'))")
