@@ -51,7 +51,8 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
         r, gate = sc["incident_vllm_v1"], sc["incident_gate"]
         err, gerr = _err(r), _err(gate)
         pinned = re.findall(r"'node:([0-9.]+)': 0\.001", err)
-        f["incident: the head's Ray starts"] = sc["incident_head_start"]["rc"] == 0
+        f["incident: the seeds' Ray starts"] = (sc["incident_head_start"]["rc"],
+                                                 sc["incident_worker_start"]["rc"])
         f["incident: V1 executor, VLLM_HOST_IP not Ray's: vLLM serves"] = r["rc"] == 0
         f["incident: vLLM waits for a placement group"] = (
             "Waiting for creating a placement group" in err)
@@ -61,10 +62,11 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
             "the IP vLLM pins (VLLM_HOST_IP) is not a Ray node" in err)
         f["incident: stopped before vllmTimeout"] = r["seconds"] < 120
         f["incident: the gate passes"] = gate["rc"] == 0
-        f["incident: the gate names the missing fabric address"] = (
-            "10.99.0.10" in gerr and "MISSING" in gerr)
-        f["incident: the gate names Ray's registration"] = (
-            "10.98.0.10" in gerr and "registered under an address the spec does not use" in gerr)
+        f["incident: the gate names the missing fabric addresses"] = sorted(
+            re.findall(r"(10\.99\.0\.\d+) .*MISSING", gerr))
+        f["incident: the gate names Ray's registrations"] = sorted(
+            re.findall(r"(10\.98\.0\.\d+) .*registered under an address the spec does not use",
+                       gerr))
         f["incident: the gate within rayTimeout"] = gate["seconds"] <= 15 + 15
     for b in ("ray", "native"):
         if f"{b}_serve" not in sc:

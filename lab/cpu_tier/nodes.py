@@ -1,20 +1,23 @@
 """Two "nodes" on one machine for the CPU tier: network namespaces joined by a veth pair.
 
 Each node is what a host is to the program, as far as multi-node vLLM can tell:
-- its own network stack (a network namespace), with its fabric interface under its own name
-  (`spvf0` on n0, `spvf1` on n1: each node's GLOO_SOCKET_IFNAME must be its own, as on hosts
-  cabled differently) on the fabric subnet 10.99.0.0/24, and loopback;
+- its own network stack (a network namespace) with two links to the other node, as the
+  seeds' two Sparks had: the fabric (10.99.0.0/24, their RoCE link) and a LAN (10.98.0.0/24,
+  their external NIC), each interface under the node's own name (`spvf0`/`spvl0` on n0,
+  `spvf1`/`spvl1` on n1: each node's GLOO_SOCKET_IFNAME must be its own, as on hosts cabled
+  differently), and loopback;
 - its own /dev/shm (a tmpfs in its own mount namespace: POSIX shared memory is a file under
   /dev/shm, so `unshare --ipc` alone would still share it) and its own shim state (the
   node's "Docker": containers, anonymous volumes) and $HOME (the program's env-files);
-- n0 has a second interface, `spvm0` (10.98.0.10), linked to the machine (10.98.0.1):
-  the operator's LAN, which the runner reaches the API through, and the head's second
-  address as the seeds' nodes had one (their external NIC beside the RoCE link).
+- n0 also has a link to the machine (10.97.0.10 on `spvo0`, 10.97.0.1 on `spvo-host`): the
+  operator's way in, which the runner reaches the API through. Point-to-point links only: a
+  bridge on the machine would put the nodes' traffic through the machine's firewall (Docker's
+  FORWARD policy is DROP).
 The machine's CPUs, memory, PIDs and files (the venv, the model) are shared.
 
 A node's namespaces live while a holder process (`sleep`) does; every command for the node
 enters them with nsenter. `down()` kills every process in each node's namespaces by PID,
-deletes the namespaces (the veth pair with them) and the machine's end of the LAN link, and
+deletes the namespaces (the veth pairs with them) and the machine's end of the operator link, and
 removes the run directory; `leftovers()` says what would remain.
 """
 
@@ -31,7 +34,8 @@ from pathlib import Path
 PREFIX = "spark-vllm-cpu"
 FABRIC_NET = "10.99.0"
 LAN_NET = "10.98.0"
-LAN_HOST_IF = "spvm-host"  # the machine's end of n0's LAN link
+OPERATOR_NET = "10.97.0"
+OPERATOR_HOST_IF = "spvo-host"  # the machine's end of n0's operator link
 
 
 @dataclass
@@ -39,7 +43,9 @@ class Node:
     name: str  # n0, n1
     fabric_ip: str
     fabric_if: str
-    lan_ip: str | None  # n0 only
+    lan_ip: str
+    lan_if: str
+    operator_ip: str | None  # n0 only: the runner's way in
     holder: int = 0  # the holder's PID: its namespaces are the node's
 
     @property
@@ -54,8 +60,9 @@ def _run(argv: list[str], timeout: float = 20, check: bool = True) -> subprocess
 class Nodes:
     def __init__(self, run_dir: str = f"/run/{PREFIX}") -> None:
         self.run_dir = Path(run_dir)
-        self.nodes = [Node("n0", f"{FABRIC_NET}.10", "spvf0", f"{LAN_NET}.10"),
-                      Node("n1", f"{FABRIC_NET}.11", "spvf1", None)]
+        self.nodes = [Node("n0", f"{FABRIC_NET}.10", "spvf0", f"{LAN_NET}.10", "spvl0",
+                           f"{OPERATOR_NET}.10"),
+                      Node("n1", f"{FABRIC_NET}.11", "spvf1", f"{LAN_NET}.11", "spvl1", None)]
 
     def __getitem__(self, name: str) -> Node:
         return next(n for n in self.nodes if n.name == name)
@@ -70,20 +77,22 @@ class Nodes:
             for n in self.nodes:
                 _run(["ip", "netns", "add", n.netns])
             a, b = self.nodes
-            _run(["ip", "link", "add", a.fabric_if, "netns", a.netns, "type", "veth", "peer",
-                  "name", b.fabric_if, "netns", b.netns])
-            _run(["ip", "link", "add", LAN_HOST_IF, "type", "veth", "peer", "name", "spvm0",
-                  "netns", a.netns])
-            _run(["ip", "addr", "add", f"{LAN_NET}.1/24", "dev", LAN_HOST_IF])
-            _run(["ip", "link", "set", LAN_HOST_IF, "up"])
+            for ia, ib in ((a.fabric_if, b.fabric_if), (a.lan_if, b.lan_if)):
+                _run(["ip", "link", "add", ia, "netns", a.netns, "type", "veth", "peer",
+                      "name", ib, "netns", b.netns])
+            _run(["ip", "link", "add", OPERATOR_HOST_IF, "type", "veth", "peer", "name",
+                  "spvo0", "netns", a.netns])
+            _run(["ip", "addr", "add", f"{OPERATOR_NET}.1/24", "dev", OPERATOR_HOST_IF])
+            _run(["ip", "link", "set", OPERATOR_HOST_IF, "up"])
             for n in self.nodes:
                 ns = ["ip", "-n", n.netns]
                 _run([*ns, "link", "set", "lo", "up"])
-                _run([*ns, "addr", "add", f"{n.fabric_ip}/24", "dev", n.fabric_if])
-                _run([*ns, "link", "set", n.fabric_if, "up"])
-                if n.lan_ip:
-                    _run([*ns, "addr", "add", f"{n.lan_ip}/24", "dev", "spvm0"])
-                    _run([*ns, "link", "set", "spvm0", "up"])
+                links = [(n.fabric_if, n.fabric_ip), (n.lan_if, n.lan_ip)]
+                if n.operator_ip:
+                    links.append(("spvo0", n.operator_ip))
+                for ifname, ip in links:
+                    _run([*ns, "addr", "add", f"{ip}/24", "dev", ifname])
+                    _run([*ns, "link", "set", ifname, "up"])
                 self._hold(n, end)
         except BaseException:
             self.down()
@@ -169,7 +178,7 @@ class Nodes:
                 pass
             _run(["ip", "netns", "del", n.netns], check=False)
             n.holder = 0
-        _run(["ip", "link", "del", LAN_HOST_IF], check=False)
+        _run(["ip", "link", "del", OPERATOR_HOST_IF], check=False)
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def leftovers(self) -> list[str]:
@@ -180,7 +189,7 @@ class Nodes:
                   if ln.startswith(PREFIX)]
         links = _run(["ip", "-o", "link", "show"], check=False).stdout
         found += [f"link {ln.split(':')[1].strip()}" for ln in links.splitlines()
-                  if ln.split(":")[1].strip().split("@")[0] in (LAN_HOST_IF,)]
+                  if ln.split(":")[1].strip().split("@")[0] == OPERATOR_HOST_IF]
         for n in self.nodes:
             found += [f"process {pid} in {n.name}" for pid in self.pids(n)]
         if self.run_dir.exists():

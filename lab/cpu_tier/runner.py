@@ -86,7 +86,7 @@ class CpuTier(gpu.Tier):
         super().__init__(args)
         self.image_env["PYTHONPATH"] = site
         self.host_env["SHIM_IMAGE_ENV"] = json.dumps(self.image_env)
-        self.api_addr = nodes["n0"].lan_ip or ""
+        self.api_addr = nodes["n0"].operator_ip or ""
         self.probe_dir = probe_dir
         self.probe_dir.mkdir(parents=True, exist_ok=True)
 
@@ -97,13 +97,12 @@ class CpuTier(gpu.Tier):
 
     # --- the program's spec for the two nodes ------------------------------------------------
 
-    def spec2(self, backend: str = "ray", env: dict | None = None, head_host: str | None = None,
-              fabric: bool = True, vllm_timeout: int = 240, ray_timeout: int = 60,
+    def spec2(self, backend: str = "ray", env: dict | None = None, fabric: bool = True, vllm_timeout: int = 240, ray_timeout: int = 60,
               join_timeout: int = 120) -> specmod.ClusterSpec:
         n0, n1 = self.nodes.nodes
-        nodes: list[dict[str, Any]] = [
-            {"name": "n0", "host": head_host or n0.lan_ip, "gpus": 1},
-            {"name": "n1", "host": "10.98.0.11", "gpus": 1}]
+        # each node's host (its SSH address, the identity without a fabric) is its LAN address
+        nodes: list[dict[str, Any]] = [{"name": n.name, "host": n.lan_ip, "gpus": 1}
+                                       for n in (n0, n1)]
         if fabric:
             for raw, n in zip(nodes, (n0, n1), strict=True):
                 raw.update(fabricIp=n.fabric_ip, fabricInterface=n.fabric_if)
@@ -268,7 +267,8 @@ class CpuTier(gpu.Tier):
             "commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"],
                                      capture_output=True, text=True).stdout.strip(),
             "nodes": {n.name: {"fabric_ip": n.fabric_ip, "fabric_if": n.fabric_if,
-                               "lan_ip": n.lan_ip} for n in self.nodes.nodes},
+                               "lan_ip": n.lan_ip, "lan_if": n.lan_if,
+                               "operator_ip": n.operator_ip} for n in self.nodes.nodes},
             "image_env": {k: v for k, v in self.image_env.items()
                           if k not in ("PATH", "PYTHONPATH", "HOME", "LANG")},
             "vllm_args": list(VLLM_ARGS),
@@ -304,9 +304,10 @@ class CpuTier(gpu.Tier):
             "head": self.remove_on(s, 0, commands.HEAD)})
 
     def incident_part(self) -> None:
-        """The seeds' incident: Ray's head registered under the head's LAN address (as the
-        seeds' head registered under its external IP), vLLM started the seeds' way (the V1 Ray
-        executor, VLLM_HOST_IP the fabric address). Then the program's gate against that Ray."""
+        """The seeds' incident: Ray's nodes registered under their LAN addresses (as the seeds'
+        head registered under its external IP), vLLM started the seeds' way (the V1 Ray
+        executor, VLLM_HOST_IP the head's fabric address). Then the program's gate (its spec:
+        both nodes on the fabric) against that Ray."""
         n0 = self.nodes["n0"]
         seeds = self.spec2("ray", env={"VLLM_USE_RAY_V2_EXECUTOR_BACKEND": "0"},
                            fabric=False, vllm_timeout=120, ray_timeout=30)
@@ -316,12 +317,14 @@ class CpuTier(gpu.Tier):
         # program renders it from the same identity as --node-ip-address: the runner's override)
         seeds_env = {vllm: {"VLLM_HOST_IP": n0.fabric_ip}}
         self.record("incident_head_start", lambda: self.head_up(seeds))
+        self.record("incident_worker_start", lambda: self.worker_up(seeds))
         self.record("incident_vllm_v1", lambda: {
             **self.vllm_up(seeds, seeds_env), "vllm_host_ip": n0.fabric_ip,
             "ray_registered": seeds.head.identity_ip})
         self.record("incident_gate", lambda: self.gate2(program))
         self.record("incident_cleanup", lambda: {
             "vllm": self.remove_on(seeds, 0, commands.VLLM),
+            "worker": self.remove_on(seeds, 1, commands.WORKER),
             "head": self.remove_on(seeds, 0, commands.HEAD)})
 
     def native_part(self) -> None:
