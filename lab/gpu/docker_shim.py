@@ -179,7 +179,10 @@ def cmd_run(argv: list[str], create: bool = False) -> None:
     config = {"name": name, "id": cid, "image": image, "env": env, "mounts": mounts,
               "command": command, "labels": opts.get("--label", []),
               "pid_mode": (opts.get("--pid") or [""])[-1], "created": time.time(),
-              "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":")}
+              "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":"),
+              # the image's own files where they are on the machine (the CPU tier's venv is
+              # under ~/.cache, a private dir): bound back over the private dirs
+              "image_dirs": os.environ.get("SHIM_IMAGE_DIRS", "").split(":")}
     (cdir(name) / "config.json").write_text(json.dumps(config))
     if create:  # `docker create`: started later by `docker start`
         print(cid)
@@ -227,6 +230,8 @@ def cmd_init(name: str) -> None:
     # Docker binds host paths whatever the container's /tmp: hold every source open before
     # /tmp is replaced (a source may live under the host's /tmp), bind it through its fd
     fds = [os.open(host, os.O_PATH) for host, _ctr, _kind in config["mounts"]]
+    image_dirs = [d for d in config.get("image_dirs", []) if d]
+    image_fds = [os.open(d, os.O_PATH) for d in image_dirs]
     # this process is already in the container's namespace; its state may be under /tmp too
     (cdir(name) / "mntns").write_text(os.readlink("/proc/self/ns/mnt"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
@@ -234,6 +239,12 @@ def cmd_init(name: str) -> None:
     for d in filter(None, config.get("private", [])):
         os.makedirs(d, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
+    for fd, d in zip(image_fds, image_dirs, strict=True):
+        os.makedirs(d, exist_ok=True)
+        # --no-canonicalize: mount would resolve the fd's link to its path, now the tmpfs's
+        subprocess.run(["mount", "--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{fd}",
+                        d], check=True, pass_fds=(fd,))
+        os.close(fd)
     for fd, (_host, ctr, _kind) in zip(fds, config["mounts"], strict=True):
         os.makedirs(ctr, exist_ok=True)
         subprocess.run(["mount", "--bind", f"/proc/{os.getpid()}/fd/{fd}", ctr], check=True,
