@@ -38,6 +38,8 @@ def _ranks(procs: list[dict]) -> dict[str, list[dict]]:
     implementation's: real vLLM has an API server, an engine core and workers)."""
     out: dict[str, list[dict]] = {}
     for p in procs:
+        if not p.get("alive"):  # ended before it was read: its node is not known
+            continue
         env = {k: p["env"].get(k) for k in RANK_KEYS}
         if env not in out.setdefault(str(p["node"]), []):
             out[str(p["node"])].append(env)
@@ -90,5 +92,6 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
         if b == "native":
             f["native: killed remote rank: the headless container"] = (
                 k.get("rank_container", "").split(" ")[0])
-        f[f"{b}: removes succeed"] = all(v["rc"] == 0 for v in sc[f"{b}_cleanup"].values())
+        f[f"{b}: removes succeed"] = all(v["rc"] == 0 for v in sc[f"{b}_cleanup"].values()
+                                             if isinstance(v, dict))
     return f
