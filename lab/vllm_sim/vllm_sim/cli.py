@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from vllm_sim import BANNER, compile_cache, is_v2, ray_executor_v2, simulated_version
+from vllm_sim import BANNER, compile_cache, is_v2, simulated_version, uses_ray_executor_v2
 from vllm_sim.logger import configure_logging, init_logger
 from vllm_sim.server import (
     DEFAULT_LOAD_SECONDS,
@@ -177,7 +177,7 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
     rank_ips = [get_ip()]
     load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", DEFAULT_LOAD_SECONDS))
     # RayExecutorV2, or (V2 mode, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) the legacy executor
-    v2_executor = v2 and ray_executor_v2()
+    v2_executor = v2 and uses_ray_executor_v2()
     if backend == "ray":
         import ray
 
