@@ -274,8 +274,8 @@ class CpuTier(gpu.Tier):
             "image_env": {k: v for k, v in self.image_env.items()
                           if k not in ("PATH", "PYTHONPATH", "HOME", "LANG")},
             "vllm_args": list(VLLM_ARGS),
-            "layout": "two network namespaces on a veth pair, each with its own /dev/shm and "
-                      "its own docker_shim; host PIDs and files",
+            "layout": "two network namespaces joined by two veth pairs (fabric, LAN), each "
+                      "with its own /dev/shm and docker_shim; host PIDs and files",
         }
 
     def save(self) -> None:
