@@ -125,7 +125,7 @@ def parse_env_file(path: str) -> dict[str, str]:
     return env
 
 
-def cmd_run(argv: list[str]) -> None:
+def cmd_run(argv: list[str], create: bool = False) -> None:
     flags_with_value = {"--name", "--label", "--network", "--ipc", "--shm-size", "--gpus",
                         "--volume", "-v", "--env-file", "--env", "-e", "--entrypoint", "--pid",
                         "--volumes-from"}
@@ -179,8 +179,24 @@ def cmd_run(argv: list[str]) -> None:
     config = {"name": name, "id": cid, "image": image, "env": env, "mounts": mounts,
               "command": command, "labels": opts.get("--label", []),
               "pid_mode": (opts.get("--pid") or [""])[-1], "created": time.time(),
-              "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":")}
+              "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":"),
+              # the image's own files where they are on the machine (the CPU tier's venv is
+              # under ~/.cache, a private dir): bound back over the private dirs
+              "image_dirs": os.environ.get("SHIM_IMAGE_DIRS", "").split(":")}
     (cdir(name) / "config.json").write_text(json.dumps(config))
+    if create:  # `docker create`: started later by `docker start`
+        print(cid)
+        return
+    _launch(name)
+    if "--detach" not in opts and "-d" not in opts:
+        while status(name) == "running":
+            time.sleep(0.1)
+        sys.stdout.write(_read(cdir(name) / "log"))
+        sys.exit(exit_code(name) or 0)
+    print(cid)
+
+
+def _launch(name: str) -> None:
     log = open(cdir(name) / "log", "ab")
     subprocess.Popen([sys.executable, __file__, "_supervise", name], stdin=subprocess.DEVNULL,
                      stdout=log, stderr=log, start_new_session=True, close_fds=True)
@@ -188,12 +204,16 @@ def cmd_run(argv: list[str]) -> None:
         if (cdir(name) / "mntns").exists() or exit_code(name) is not None:
             break
         time.sleep(0.01)
-    if "--detach" not in opts and "-d" not in opts:
-        while status(name) == "running":
-            time.sleep(0.1)
-        sys.stdout.write(_read(cdir(name) / "log"))
-        sys.exit(exit_code(name) or 0)
-    print(cid)
+
+
+def cmd_start(argv: list[str]) -> None:
+    """`docker start NAME`: a created container (the native backend's rank 0: created, given
+    its files by `docker cp`, then started)."""
+    for name in argv:
+        _must(name)
+        if status(name) == "created":
+            _launch(name)
+        print(name)
 
 
 def cmd_supervise(name: str) -> None:
@@ -210,6 +230,8 @@ def cmd_init(name: str) -> None:
     # Docker binds host paths whatever the container's /tmp: hold every source open before
     # /tmp is replaced (a source may live under the host's /tmp), bind it through its fd
     fds = [os.open(host, os.O_PATH) for host, _ctr, _kind in config["mounts"]]
+    image_dirs = [d for d in config.get("image_dirs", []) if d]
+    image_fds = [os.open(d, os.O_PATH) for d in image_dirs]
     # this process is already in the container's namespace; its state may be under /tmp too
     (cdir(name) / "mntns").write_text(os.readlink("/proc/self/ns/mnt"))
     subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", "/tmp"], check=True)
@@ -217,11 +239,19 @@ def cmd_init(name: str) -> None:
     for d in filter(None, config.get("private", [])):
         os.makedirs(d, exist_ok=True)
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", d], check=True)
+    for fd, d in zip(image_fds, image_dirs, strict=True):
+        os.makedirs(d, exist_ok=True)
+        # --no-canonicalize: mount would resolve the fd's link to its path, now the tmpfs's
+        subprocess.run(["mount", "--no-canonicalize", "--bind", f"/proc/{os.getpid()}/fd/{fd}",
+                        d], check=True, pass_fds=(fd,))
+        os.close(fd)
     for fd, (_host, ctr, _kind) in zip(fds, config["mounts"], strict=True):
         os.makedirs(ctr, exist_ok=True)
         subprocess.run(["mount", "--bind", f"/proc/{os.getpid()}/fd/{fd}", ctr], check=True,
                        pass_fds=(fd,))
         os.close(fd)
+    for staged, dst, script in config.get("pending_cp", []):  # `docker cp` before the start
+        subprocess.run(["sh", "-c", script, "cp", staged, dst], check=True)
     os.chdir("/")
     cmd = config["command"]
     try:
@@ -326,14 +356,23 @@ def cmd_exec(argv: list[str]) -> None:
 def cmd_cp(argv: list[str]) -> None:
     src, dst = argv[-2:]
     name, _, path = dst.partition(":")
-    _must(name)
-    if status(name) != "running":
-        die(f"Error response from daemon: container {name} is not running")
+    config = _must(name)
     src = os.path.abspath(src) + ("/." if src.endswith("/.") else "")
     if src.endswith("/."):
         script = 'mkdir -p "$2" && cp -a "$1" "$2"'
     else:
         script = 'cp -a "$1" "$2"'
+    if status(name) == "created":  # kept here, copied in when it starts (after its mounts)
+        staged = cdir(name) / "cp" / str(len(config.get("pending_cp", [])))
+        staged.mkdir(parents=True)
+        rc = subprocess.run(["sh", "-c", script, "cp", src, str(staged)]).returncode
+        config.setdefault("pending_cp", []).append(
+            [str(staged) + ("/." if src.endswith("/.") else "/" + os.path.basename(src)),
+             path, script])
+        (cdir(name) / "config.json").write_text(json.dumps(config))
+        sys.exit(rc)
+    if status(name) != "running":
+        die(f"Error response from daemon: container {name} is not running")
     sys.exit(subprocess.run(["nsenter", "-t", str(init_pid(name)), "-m", "--", "sh", "-c",
                              script, "cp", src, path]).returncode)
 
@@ -368,7 +407,8 @@ def main(argv: list[str]) -> None:
     elif cmd == "version":
         print("24.0.0-spark-vllm-shim")
     else:
-        table = {"run": cmd_run, "inspect": cmd_inspect, "image": cmd_image, "logs": cmd_logs,
+        table = {"run": cmd_run, "create": lambda a: cmd_run(a, create=True),
+                 "start": cmd_start, "inspect": cmd_inspect, "image": cmd_image, "logs": cmd_logs,
                  "rm": cmd_rm, "exec": cmd_exec, "cp": cmd_cp, "kill": cmd_kill, "ps": cmd_ps}
         if cmd not in table:
             die(f"docker {cmd}: not emulated by the GPU tier's shim")

@@ -121,18 +121,28 @@ class Tier:
                          # a container's writable layer: private in each container
                          "SHIM_PRIVATE_DIRS": "/root/.cache:/root/.triton:/root/.config:/root/.nv"}
         self.image_env = image_env
+        # the CPU tier (lab/cpu_tier) runs the same scenarios on two "nodes": where the API
+        # answers from the runner, where the env probe writes, and how a script reaches a node
+        self.api_addr = "127.0.0.1"
+        self.probe_dir = Path("/root/obs/envprobe")
+
+    def on_node(self, argv: list[str], env: dict[str, str],
+                node: str | None) -> tuple[list[str], dict[str, str]]:
+        """argv and env of a command run on `node`: here, the machine itself."""
+        return argv, env
 
     # --- running the program's scripts -------------------------------------------------
 
     def sh(self, script: str, stdin: str = "", extra_env: dict | None = None,
-           timeout: float = 900) -> dict[str, Any]:
+           timeout: float = 900, node: str | None = None) -> dict[str, Any]:
         """Run a rendered script as pulumi-command would (`sh -c`, stdin); stderr lines are
         kept with their time, so a long wait shows its progress lines."""
         env = dict(self.host_env)
         if extra_env:
             env["SHIM_EXTRA_ENV"] = json.dumps(extra_env)
         start = now()
-        proc = subprocess.Popen(["sh", "-c", script], stdin=subprocess.PIPE,
+        argv, env = self.on_node(["sh", "-c", script], env, node)
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                                 text=True, cwd="/root")
         lines: list[list[Any]] = []
@@ -218,9 +228,9 @@ class Tier:
     def remove(self, spec: specmod.ClusterSpec, role: str) -> dict:
         return self.sh(commands.remove_script(spec, spec.head, role))
 
-    def docker(self, *argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", *argv], env=self.host_env, capture_output=True,
-                              text=True)
+    def docker(self, *argv: str, node: str | None = None) -> subprocess.CompletedProcess:
+        cmd, env = self.on_node(["docker", *argv], dict(self.host_env), node)
+        return subprocess.run(cmd, env=env, capture_output=True, text=True)
 
     def preflight_report(self) -> dict:
         """What the preflight prints for this node (the preflight itself needs `ip` and a
@@ -249,7 +259,7 @@ class Tier:
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {API_KEY}"
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", data=data,
+        req = urllib.request.Request(f"http://{self.api_addr}:{self.port}{path}", data=data,
                                      headers=headers, method=method)
         start = now()
         try:
@@ -278,7 +288,7 @@ class Tier:
         body = {"model": served, "max_tokens": 4, "stream": True,
                 "messages": [{"role": "user", "content": "canary"}]}
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
+            f"http://{self.api_addr}:{self.port}/v1/chat/completions", data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
         start = now()
         try:
@@ -328,7 +338,7 @@ class Tier:
 
     def rank_pid(self) -> int | None:
         """The rank's process: the Ray actor the env probe saw, else a RayWorkerProc title."""
-        for f in sorted(Path("/root/obs/envprobe").glob("*.json")):
+        for f in sorted(self.probe_dir.glob("*.json")):
             d = json.loads(f.read_text())
             if d.get("actor") and Path(f"/proc/{d['pid']}").exists():
                 return int(d["pid"])
@@ -387,7 +397,7 @@ class Tier:
                                  "--reasoning-parser", "qwen3", "--enable-auto-tool-choice",
                                  "--tool-call-parser", "hermes", "--max-num-seqs", "16"))
         served = s.served_name
-        Path("/root/obs/envprobe").mkdir(parents=True, exist_ok=True)
+        self.probe_dir.mkdir(parents=True, exist_ok=True)
         self.record("parser", lambda: self.parser_cases(s))  # CPU only, in the background
         self.record("head_start", lambda: self.head_up(s))
         self.record("gate", lambda: self.gate(s))
@@ -620,7 +630,7 @@ class Tier:
         """A rank frozen with requests in flight, and vLLM's memory lines for the MoE and the
         hybrid (Qwen3-Next) models."""
         s = self.spec(vllm_args=("--max-model-len", "4096", "--gpu-memory-utilization", "0.5"))
-        Path("/root/obs/envprobe").mkdir(parents=True, exist_ok=True)
+        self.probe_dir.mkdir(parents=True, exist_ok=True)
         self.record("head_start", lambda: self.head_up(s))
         self.record("serve_for_load", lambda: {**self.vllm_up(s),
                                                "log": self.container_log(s, commands.VLLM)})
@@ -724,7 +734,7 @@ class Tier:
 
     def rank_env(self) -> dict:
         seen = []
-        for f in sorted(Path("/root/obs/envprobe").glob("*.json")):
+        for f in sorted(self.probe_dir.glob("*.json")):
             d = json.loads(f.read_text())
             seen.append({"actor": bool(d.get("actor")), "cmdline": d["cmdline"][:120],
                          "env": {k: d["env"].get(k) for k in ENV_KEYS}})

