@@ -87,7 +87,8 @@ class CpuTier(gpu.Tier):
         self.image_env["PYTHONPATH"] = site
         self.host_env["SHIM_IMAGE_ENV"] = json.dumps(self.image_env)
         # the venv (the image) lives under ~/.cache, which is private in every container
-        self.host_env["SHIM_IMAGE_DIRS"] = str(self.venv)
+        self.host_env["SHIM_IMAGE_DIRS"] = ":".join(filter(None, [str(self.venv),
+                                                                  gpu.hidden_prefix()]))
         self.api_addr = nodes["n0"].operator_ip or ""
         self.probe_dir = probe_dir
         self.probe_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,9 @@ class CpuTier(gpu.Tier):
                "env": env or {}, "compileCache": "none", "vllmArgs": list(VLLM_ARGS),
                "backend": backend, "vllmTimeout": vllm_timeout, "rayTimeout": ray_timeout,
                "joinTimeout": join_timeout, "rayPort": 6391, "masterPort": 29511,
-               "canaryTimeout": 10, "wedgeWindow": 20}
+               "canaryTimeout": 10, "wedgeWindow": 20,
+               # the scripts are rendered and run here by the runner, never over SSH
+               "insecureAcceptAnyHostKey": True}
         return specmod.parse_spec(raw, "cpu", gpu.SECRETS)
 
     # --- what the GPU runner does on one machine, per node -----------------------------------

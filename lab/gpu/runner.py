@@ -96,6 +96,12 @@ def machine_ip() -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
+
+def hidden_prefix() -> str:
+    """sys.prefix when a container's private /tmp or writable-layer dirs would cover it."""
+    covered = ("/tmp/", "/root/.cache/", "/root/.config/")
+    return sys.prefix if sys.prefix.startswith(covered) else ""
+
 class Tier:
     def __init__(self, args: argparse.Namespace) -> None:
         self.out = Path(args.out)
@@ -119,7 +125,10 @@ class Tier:
         self.host_env = {**os.environ, "PATH": f"{self.shim_dir}:{os.environ['PATH']}",
                          "HOME": "/root", "SHIM_IMAGE_ENV": json.dumps(image_env),
                          # a container's writable layer: private in each container
-                         "SHIM_PRIVATE_DIRS": "/root/.cache:/root/.triton:/root/.config:/root/.nv"}
+                         "SHIM_PRIVATE_DIRS": "/root/.cache:/root/.triton:/root/.config:/root/.nv",
+                         # the "image": this Python's prefix when a container would hide it
+                         # (a checkout, and its venv, under /tmp), bound back over its tmpfs
+                         "SHIM_IMAGE_DIRS": hidden_prefix()}
         self.image_env = image_env
         # the CPU tier (lab/cpu_tier) runs the same scenarios on two "nodes": where the API
         # answers from the runner, where the env probe writes, and how a script reaches a node

@@ -481,10 +481,13 @@ def test_an_interrupted_start_removes_what_it_started(tmp_path: Path, sig: int) 
     assert proc.stdin is not None
     proc.stdin.write(c.vllm_stdin("hf-x", "key-y"))
     proc.stdin.close()
-    for _ in range(100):  # the probe runs: vLLM is "loading"
-        if (tmp_path / "exec.pid").exists():
-            break
+    # the probe runs: vLLM is "loading" (the script first reads the node: the start's bound;
+    # on a busy machine that took more than 5 s)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "exec.pid").exists():
+        assert time.monotonic() < deadline and proc.poll() is None, "the probe never started"
         time.sleep(0.05)
+    time.sleep(0.1)  # the fake has written its pid: let it finish the line
     probe_pid = int((tmp_path / "exec.pid").read_text())
     t0 = time.monotonic()
     proc.send_signal(sig)
