@@ -98,9 +98,10 @@ def machine_ip() -> str:
 
 
 def hidden_prefix() -> str:
-    """sys.prefix when a container's private /tmp or writable-layer dirs would cover it."""
+    """This Python's prefix and the checkout (an editable vllm-sim lives there), those that a
+    container's private /tmp or writable-layer dirs would cover, `:`-separated."""
     covered = ("/tmp/", "/root/.cache/", "/root/.config/")
-    return sys.prefix if sys.prefix.startswith(covered) else ""
+    return ":".join(d for d in dict.fromkeys([sys.prefix, str(REPO)]) if d.startswith(covered))
 
 class Tier:
     def __init__(self, args: argparse.Namespace) -> None:
