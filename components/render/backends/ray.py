@@ -53,7 +53,7 @@ GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
 # how often (seconds) the worker's wait re-checks the GCS port while that line is in its log
 GCS_PROBE_EVERY_S = 5
 TCP_CONNECT_PY = ("import socket, sys; "
-                  "socket.create_connection((sys.argv[1], int(sys.argv[2])), 3).close()")
+                  "socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close()")
 
 
 # Ray's memory monitor kills workers once the node's memory passes memory_usage_threshold
