@@ -167,8 +167,11 @@ def cmd_run(argv: list[str], create: bool = False) -> None:
     for f in opts.get("--env-file", []):
         env.update(parse_env_file(f))
     for kv in opts.get("--env", []) + opts.get("-e", []):
-        key, _, value = kv.partition("=")
-        env[key] = value
+        key, eq, value = kv.partition("=")
+        if eq:
+            env[key] = value
+        elif key in os.environ:  # `--env NAME`: docker takes the caller's value, if it has one
+            env[key] = os.environ[key]
     # the runner's fault injection for one container (never the program's): SHIM_EXTRA_ENV
     env.update(json.loads(os.environ.get("SHIM_EXTRA_ENV") or "{}").get(name, {}))
     entry = (opts.get("--entrypoint") or [""])[-1]
