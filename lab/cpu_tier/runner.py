@@ -87,8 +87,8 @@ class CpuTier(gpu.Tier):
         self.image_env["PYTHONPATH"] = site
         self.host_env["SHIM_IMAGE_ENV"] = json.dumps(self.image_env)
         # the venv (the image) lives under ~/.cache, which is private in every container
-        self.host_env["SHIM_IMAGE_DIRS"] = ":".join(filter(None, [str(self.venv),
-                                                                  gpu.hidden_prefix()]))
+        self.host_env["SHIM_IMAGE_DIRS"] = ":".join(
+            filter(None, [str(self.venv), self.host_env["SHIM_IMAGE_DIRS"]]))
         self.api_addr = nodes["n0"].operator_ip or ""
         self.probe_dir = probe_dir
         self.probe_dir.mkdir(parents=True, exist_ok=True)
