@@ -189,7 +189,10 @@ def test_4b_a_headless_rank_lost_while_rank_0_loads_is_named_within_seconds(lab2
         assert "--distributed-timeout-seconds 700" in str(killed["args"]), killed["args"]
         failed = max(s.t for s in run.steps if s.name == "vllm-leader" and s.phase == "failed")
         took = failed - float(killed["t"])  # type: ignore[arg-type]
-        assert took < 5, f"the lost rank was named {took:.1f} s after it died"
+        # named while rank 0 still loads (40 s), where nothing else would name it before the
+        # start's bound (700 s and more); the seconds include the failed command's cleanup and
+        # the engine's report, which a busy CI machine stretches
+        assert took < 20, f"the lost rank was named {took:.1f} s after it died"
         assert (f"the ranks on node-2 ({worker_ip}) lost their connection to rank 0 at "
                 f"{head_ip}:29501 while it was loading; vLLM was loading the weights (its last "
                 "step: ") in run.error, run.error[-2000:]

@@ -48,12 +48,26 @@ PG_WAITING_MARK = "Waiting for creating a placement group"
 # retrying for minutes. The head is up by then (its command waited for it), so either the path
 # from this node to the head's identity IP is broken (the fabric, a route or a firewall) or the
 # GCS is slow to answer (a head that just restarted on a busy node): a TCP connect from the node
-# to the GCS port tells the two apart, and only the first fails the worker.
+# to the GCS port tells the two apart, and only a path that fails it twice in a row, probes
+# GCS_PROBE_EVERY_S apart, fails the worker (one lost SYN on a loaded node is not a cut fabric).
 GCS_UNREACHABLE_MARK = "Failed to connect to GCS at address"
 # how often (seconds) the worker's wait re-checks the GCS port while that line is in its log
-GCS_PROBE_EVERY_S = 5
-TCP_CONNECT_PY = ("import socket, sys; "
-                  "socket.create_connection((sys.argv[1], int(sys.argv[2])), 1).close()")
+GCS_PROBE_EVERY_S = 3
+# how many failed connects in a row name the path as broken
+GCS_PROBE_FAILS = 2
+# the connect's bound (seconds): a fabric or a LAN answers a SYN in milliseconds
+GCS_CONNECT_S = 2
+# prints why a connect failed ("refused", "no answer within 2 s", the OS's words), exits 1
+TCP_CONNECT_PY = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3])).close()\n"
+    "except ConnectionRefusedError:\n"
+    "    sys.exit('refused (nothing listens there)')\n"
+    "except (socket.timeout, TimeoutError):\n"
+    "    sys.exit(f'no answer within {sys.argv[3]} s')\n"
+    "except OSError as e:\n"
+    "    sys.exit(e.strerror or str(e))\n")
 
 
 # Ray's memory monitor kills workers once the node's memory passes memory_usage_threshold
@@ -167,16 +181,22 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
     # reported in ~6 s with the worker's own log, not after the gate's rayTimeout.
     gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
     probe = (f"python3 -c {shlex.quote(TCP_CONNECT_PY)} {spec.head.identity_ip} "
-             f"{spec.ray_port} 2>/dev/null")
+             f"{spec.ray_port} {GCS_CONNECT_S} 2>&1")
     unreachable = (
         f"if has {shlex.quote(GCS_UNREACHABLE_MARK)} && "
         f'[ $(( $(date +%s) - ${{gcs_probed:-0}} )) -ge {GCS_PROBE_EVERY_S} ]; then '
         "gcs_probed=$(date +%s); "
-        f"if {probe}; then "
+        f"if why=$({probe}); then gcs_fails=0; "
         f'[ -n "${{gcs_slow:-}}" ] || log "the Ray head\'s GCS at {gcs} answers but has not '
         'taken this worker yet (a busy or just restarted head): waiting"; gcs_slow=1; '
-        f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
-        f'(its GCS is up): check the fabric link, routes and firewall between the two"; fi; fi'
+        "else gcs_fails=$(( ${gcs_fails:-0} + 1 )); "
+        f'if [ "$gcs_fails" -ge {GCS_PROBE_FAILS} ]; then '
+        f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
+        f'(a TCP connect from this node, {GCS_PROBE_FAILS} times {GCS_PROBE_EVERY_S} s apart: '
+        '$why; the head\'s GCS listened when its command returned): check the fabric link, '
+        'routes and firewall between the two"; '
+        f'else log "the Ray head\'s GCS at {gcs} did not take a TCP connect from this node '
+        f'($why): trying again in {GCS_PROBE_EVERY_S} s"; fi; fi; fi'
     )
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
