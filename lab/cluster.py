@@ -18,7 +18,9 @@ from typing import Any
 from lab import config, egress, images, keys, model, nodes, stackfile
 from lab.config import NodeAddrs
 from lab.fabric import block_fabric as block_fabric  # re-export
+from lab.fabric import throttle_fabric as throttle_fabric
 from lab.fabric import unblock_fabric as unblock_fabric
+from lab.fabric import unthrottle_fabric as unthrottle_fabric
 from lab.run import LabError, Progress, docker, docker_ok, exclusive
 
 

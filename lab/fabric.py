@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 
+from lab import config
 from lab.config import NodeAddrs
 from lab.run import LabError, run
 
@@ -63,3 +64,22 @@ def unblock_fabric(a: str | NodeAddrs, b: str | NodeAddrs) -> None:
     na, nb = _resolve(a), _resolve(b)
     _apply(na, nb, False)
     _apply(nb, na, False)
+
+
+def throttle_fabric(ref: str | NodeAddrs, rate: str) -> None:
+    """Cap what a node sends on its fabric interface (`tc` tbf, e.g. rate "400mbit"): a slow
+    link, and a copy that a test can interrupt at a point it chooses. Replaces any cap."""
+    node = _resolve(ref)
+    dev = config.FABRIC_IFNAME
+    script = (f"tc qdisc replace dev {dev} root tbf rate {shlex.quote(rate)} burst 256kb "
+              "latency 400ms")
+    proc = run(["docker", "exec", node.container, "sh", "-c", script], check=False, timeout=30)
+    if proc.returncode != 0:
+        raise LabError(f"throttle on {node.name} failed: {proc.stderr.strip()}")
+
+
+def unthrottle_fabric(ref: str | NodeAddrs) -> None:
+    """Remove throttle_fabric's cap (idempotent)."""
+    node = _resolve(ref)
+    script = f"tc qdisc del dev {config.FABRIC_IFNAME} root 2>/dev/null || true"
+    run(["docker", "exec", node.container, "sh", "-c", script], check=False, timeout=30)

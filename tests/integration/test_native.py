@@ -167,16 +167,27 @@ def test_4b_a_headless_rank_lost_while_rank_0_loads_is_named_within_seconds(lab2
     lab2n.set("joinTimeout", 700)
     lab2n.set("env", {**env, "VLLM_SIM_LOAD_SECONDS": "40"})
     killed: dict[str, object] = {}
+    leader, rank = f"spark-vllm-{STACK}-vllm-leader", f"spark-vllm-{STACK}-vllm-rank"
+
+    def cid(node: str, name: str) -> str:
+        return node_sh(node, f"docker inspect --format '{{{{.Id}}}}' {name} 2>/dev/null || true",
+                       check=False).strip()
+
+    # the containers this up replaces: their logs already hold the line the killer waits for
+    old = {leader: cid("node-1", leader), rank: cid("node-2", rank)}
 
     def kill_the_rank_once_rank_0_loads() -> None:
         end = time.monotonic() + 240
         while time.monotonic() < end and "t" not in killed:
-            logs = node_sh("node-1", f"docker logs spark-vllm-{STACK}-vllm-leader 2>&1 || true",
-                           check=False)
+            new = cid("node-1", leader)
+            logs = node_sh("node-1", f"docker logs {new} 2>&1 || true", check=False) if (
+                new and new != old[leader]) else ""
             if "Loading weights (simulated) on rank 0" in logs:
+                target = cid("node-2", rank)
+                assert target and target != old[rank], (target, old)
                 killed["args"] = node_sh("node-2", "docker inspect --format '{{join .Args \" \"}}' "
-                                         f"spark-vllm-{STACK}-vllm-rank")
-                node_sh("node-2", f"docker kill spark-vllm-{STACK}-vllm-rank")
+                                         f"{target}")
+                node_sh("node-2", f"docker kill {target}")
                 killed["t"] = time.monotonic()
             time.sleep(0.5)
 

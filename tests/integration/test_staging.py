@@ -219,10 +219,16 @@ def test_the_tcp_copy_survives_an_interruption_and_resumes(staged: Lab) -> None:
                     return
                 time.sleep(0.05)
 
+        # the head sends at 50 MB/s while the killer watches: unthrottled, the 2 GiB can land
+        # before an SSH poll on a busy machine sees the partial, and then nothing is cut
+        cluster.throttle_fabric("node-1", "400mbit")
         t = threading.Thread(target=kill_when_partial)
         t.start()
-        failed = lab.up()
-        t.join()
+        try:
+            failed = lab.up()
+            t.join()
+        finally:
+            cluster.unthrottle_fabric("node-1")
         assert killed and failed.error is not None, failed.error
         assert "the copy to node-2" in failed.error, failed.error[-2000:]
         # nothing half-done: no vLLM, only Ray containers that are in the state, a partial
