@@ -60,8 +60,8 @@ class Run:
         named = [line.strip() for line in self.error.splitlines()
                  if "FAILED" in line or line.strip().startswith("error:")]
         named = list(dict.fromkeys(line[:400] for line in named))[:20]
-        return "\n".join(["the run's errors:", *named, "... its output ends:",
-                          self.error[-tail:]])
+        return "\n".join(["the run's errors:", *named, "... what the nodes hold now:",
+                          nodes_snapshot(), "... its output ends:", self.error[-tail:]])
 
     def ops(self, phase: str = "pre") -> list[tuple[str, str]]:
         return [(s.op, s.name) for s in self.steps if s.phase == phase]
@@ -73,6 +73,28 @@ class Run:
         return {s.name: s.op for s in self.steps if s.phase == "pre" and s.op != "same"
                 and not s.type.startswith("pulumi:providers:")}
 
+
+# every spark-vllm container on a node, its state and its last log lines (docker exec, not SSH:
+# it works when a test broke a node's SSH)
+_SNAPSHOT_SH = (
+    "for c in $(docker ps -a --filter label=spark-vllm.role --format '{{.Names}}'); do "
+    "echo \"  $c: $(docker inspect --format '{{.State.Status}} exit={{.State.ExitCode}} "
+    "started={{.State.StartedAt}} finished={{.State.FinishedAt}}' $c)\"; "
+    "docker logs --tail 12 $c 2>&1 | sed 's/^/    | /'; done")
+
+
+def nodes_snapshot() -> str:
+    """What a failed run left on each lab node, for its assertion message."""
+    out = []
+    try:
+        for n in cluster.info().nodes:
+            proc = subprocess.run(["docker", "exec", n.container, "sh", "-c", _SNAPSHOT_SH],
+                                  capture_output=True, text=True, timeout=30)
+            out.append(f"{n.name}:\n{proc.stdout.rstrip() or '  (no spark-vllm container)'}"
+                       f"{proc.stderr.strip()[:300]}")
+    except Exception as err:  # noqa: BLE001 - a snapshot must never hide the failure itself
+        out.append(f"(no snapshot: {type(err).__name__}: {err})")
+    return "\n".join(out)[-6000:]
 
 def _recorder(run: Run) -> Any:
     def on_event(ev: auto.EngineEvent) -> None:
