@@ -346,14 +346,31 @@ class Tier:
 
     # --- rank processes --------------------------------------------------------------------
 
+    def own_mount_namespaces(self) -> set[str]:
+        """The mount namespaces of the containers this runner's docker shim started."""
+        state = Path(self.host_env.get("SHIM_STATE")
+                     or os.environ.get("SHIM_STATE", "/run/spark-vllm-shim"))
+        return {f.read_text().strip() for f in state.glob("*/mntns")}
+
     def rank_pid(self) -> int | None:
-        """The rank's process: the Ray actor the env probe saw, else a RayWorkerProc title."""
+        """The rank's process: the Ray actor the env probe saw, else a RayWorkerProc title;
+        either only inside this runner's own containers. The machine may run other Rays (CI
+        runs this beside the Docker lab, whose vllm-sim ranks carry the same title, and a
+        recorded pid may have been reused since): a signal must never reach one of those."""
+        own = self.own_mount_namespaces()
+
+        def ours(pid: int) -> bool:
+            try:
+                return os.readlink(f"/proc/{pid}/ns/mnt") in own
+            except OSError:
+                return False
+
         for f in sorted(self.probe_dir.glob("*.json")):
             d = json.loads(f.read_text())
-            if d.get("actor") and Path(f"/proc/{d['pid']}").exists():
+            if d.get("actor") and ours(int(d["pid"])):
                 return int(d["pid"])
         out = subprocess.run(["pgrep", "-f", "RayWorkerProc"], capture_output=True, text=True)
-        pids = [int(p) for p in out.stdout.split()]
+        pids = [int(p) for p in out.stdout.split() if ours(int(p))]
         return pids[0] if pids else None
 
     def record(self, name: str, fn: Callable[[], Any]) -> Any:
