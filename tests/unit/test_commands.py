@@ -548,23 +548,73 @@ def loopback_duo(port: int) -> c.ClusterSpec:
                      stack="duo", image="img:1", model="Qwen/Q", rayPort=port)
 
 
+def silent_port() -> tuple[socket.socket, list[socket.socket]]:
+    """A loopback port whose SYNs go unanswered, as a cut fabric's: a listener that never
+    accepts, its accept queue filled (Linux then drops new SYNs; a connect times out)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    for _ in range(8):
+        s = socket.socket()
+        s.settimeout(0.3)
+        try:
+            s.connect(("127.0.0.1", port))
+        except OSError:
+            s.close()
+            break
+        fillers.append(s)
+    return listener, fillers
+
+
+def gcs_line(port: int) -> str:
+    return ("Local node IP: 192.168.200.13\n[W rpc_client.h:153] Failed to connect to GCS at "
+            f"address 127.0.0.1:{port} within 5 seconds.\n")
+
+
 def test_worker_waits_to_join_and_names_an_unreachable_head(tmp_path: Path) -> None:
+    """`ray start`'s GCS line, then a GCS port that gives no answer to two connects 3 s apart:
+    the path is named (fabric, routes, firewall) with the connect's own outcome."""
+    listener, fillers = silent_port()
+    port = listener.getsockname()[1]
+    try:
+        spec = loopback_duo(port)
+        script = ray_backend.worker_start_script(spec, spec.nodes[1])
+        (tmp_path / "ok").mkdir()
+        joined = run_with_fake_docker(script, tmp=tmp_path / "ok")
+        assert "ready: spark-vllm-duo-ray-worker" in joined["_stderr"][0]
+        (tmp_path / "bad").mkdir()
+        (tmp_path / "bad" / "logs").write_text(gcs_line(port))
+        out = run_with_fake_docker(script, tmp=tmp_path / "bad", check=False)
+    finally:
+        for s in (listener, *fillers):
+            s.close()
+    assert out["_rc"] == ["1"]
+    err = out["_stderr"][0]
+    assert (f"did not take a TCP connect from this node (no answer within 2 s): trying again "
+            "in 3 s") in err
+    assert ("spark-b: ray-worker: FAILED: cannot reach the Ray head spark-a at "
+            f"127.0.0.1:{port} from 192.168.200.13 (a TCP connect from this node, 2 times 3 s "
+            "apart: no answer within 2 s): check the fabric link") in err
+    assert "    | [W rpc_client.h:153] Failed to connect to GCS" in err
+    assert not (tmp_path / "bad" / ".spark-vllm" / "duo" / "ray-worker.env").exists()
+
+
+def test_a_worker_names_a_head_whose_ray_stopped(tmp_path: Path) -> None:
+    """The head's address answers and nothing listens on its GCS port (refused, twice): the
+    head's Ray stopped after its command returned; the fabric is not blamed."""
     port = closed_port()
     spec = loopback_duo(port)
     script = ray_backend.worker_start_script(spec, spec.nodes[1])
-    (tmp_path / "ok").mkdir()
-    joined = run_with_fake_docker(script, tmp=tmp_path / "ok")
-    assert "ready: spark-vllm-duo-ray-worker" in joined["_stderr"][0]
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "logs").write_text(
-        "Local node IP: 192.168.200.13\n[W rpc_client.h:153] Failed to connect to GCS at "
-        f"address 127.0.0.1:{port} within 5 seconds.\n")
-    out = run_with_fake_docker(script, tmp=tmp_path / "bad", check=False)
+    (tmp_path / "logs").write_text(gcs_line(port))
+    out = run_with_fake_docker(script, tmp=tmp_path, check=False)
     assert out["_rc"] == ["1"]
-    assert ("spark-b: ray-worker: FAILED: cannot reach the Ray head spark-a at "
-            f"127.0.0.1:{port} from 192.168.200.13") in out["_stderr"][0]
-    assert "    | [W rpc_client.h:153] Failed to connect to GCS" in out["_stderr"][0]
-    assert not (tmp_path / "bad" / ".spark-vllm" / "duo" / "ray-worker.env").exists()
+    err = out["_stderr"][0]
+    assert (f"FAILED: the Ray head spark-a at 127.0.0.1:{port} refused this worker's connection "
+            "2 times, 3 s apart: nothing listens on its GCS port") in err
+    assert "head's Ray stopped since (its log says why: spark-vllm status)" in err
+    assert "check the fabric" not in err
 
 
 def test_a_worker_waits_for_a_slow_gcs_that_answers(tmp_path: Path) -> None:

@@ -190,13 +190,19 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'[ -n "${{gcs_slow:-}}" ] || log "the Ray head\'s GCS at {gcs} answers but has not '
         'taken this worker yet (a busy or just restarted head): waiting"; gcs_slow=1; '
         "else gcs_fails=$(( ${gcs_fails:-0} + 1 )); "
-        f'if [ "$gcs_fails" -ge {GCS_PROBE_FAILS} ]; then '
-        f'fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
+        f'if [ "$gcs_fails" -lt {GCS_PROBE_FAILS} ]; then '
+        f'log "the Ray head\'s GCS at {gcs} did not take a TCP connect from this node ($why): '
+        f'trying again in {GCS_PROBE_EVERY_S} s"; '
+        # refused: the head's address answers, with nothing on the port: its Ray stopped
+        # after its command returned (the fabric is not what failed)
+        'elif case "$why" in refused*) true ;; *) false ;; esac; then '
+        f'fail "the Ray head {spec.head.name} at {gcs} refused this worker\'s connection '
+        f'{GCS_PROBE_FAILS} times, {GCS_PROBE_EVERY_S} s apart: nothing listens on its GCS port '
+        "although it did when the head's command returned, so the head's Ray stopped since "
+        '(its log says why: spark-vllm status)"; '
+        f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
         f'(a TCP connect from this node, {GCS_PROBE_FAILS} times {GCS_PROBE_EVERY_S} s apart: '
-        '$why; the head\'s GCS listened when its command returned): check the fabric link, '
-        'routes and firewall between the two"; '
-        f'else log "the Ray head\'s GCS at {gcs} did not take a TCP connect from this node '
-        f'($why): trying again in {GCS_PROBE_EVERY_S} s"; fi; fi; fi'
+        '$why): check the fabric link, routes and firewall between the two"; fi; fi; fi'
     )
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
