@@ -205,6 +205,9 @@ def child(args, send, tmp, deadline):
     dist.init_process_group(args.backend, init_method=f"tcp://{host}:{args.master_port}",
                             rank=args.rank, world_size=args.world_size,
                             timeout=datetime.timedelta(seconds=left))
+    # one collective while still in `init`: NCCL creates its communicator (and connects) on
+    # the first one, so a hang there is named as the rendezvous, not as a measurement
+    dist.all_reduce(torch.zeros(1, device=device))
 
     def sync():
         if device is not None:
