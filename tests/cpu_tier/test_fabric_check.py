@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from components.fabric_verdict import Verdict, parse_report, verdict  # noqa: E402
 from components.render import commands  # noqa: E402
+from components.render import fabric_commands as fabric  # noqa: E402
 from components.spec import ClusterSpec, FabricCheckSettings, parse_spec  # noqa: E402
 from lab.cpu_tier.nodes import Node, Nodes  # noqa: E402
 
@@ -35,7 +36,7 @@ SCRIPT_FILE = REPO / "components" / "scripts" / "fabric_check.py"  # sent on std
 # program: `python3 - ARGS`
 INSTALL_DEADLINE_S = 1200  # a cold install (~6 min) when CI did not install first
 MESSAGE = 4 * 2**20
-DEADLINE_S = 40  # the script's own bound, per run
+DEADLINE_S = 40  # the script's own bound, per run (fabricCheck.timeout)
 RUN_BOUND_S = DEADLINE_S + 20  # ours over it: the script must end by itself
 # the lab's floors: a healthy veth passes with a margin of ~5x, the throttled one below
 LAB = FabricCheckSettings(maxLatency8k=50000, maxLatency64k=100000, minBusBandwidth=0.1,
@@ -44,36 +45,44 @@ LAB = FabricCheckSettings(maxLatency8k=50000, maxLatency64k=100000, minBusBandwi
 THROTTLE = ["tbf", "rate", "200mbit", "burst", "64kb", "latency", "400ms"]
 
 
-def spec_for(nodes: Nodes, interfaces: dict[str, str] | None = None) -> ClusterSpec:
-    """The lab's two nodes as a stack: each node's identity its fabric address."""
+def spec_for(nodes: Nodes, port: int, deadline_s: int,
+             interfaces: dict[str, str] | None = None) -> ClusterSpec:
+    """The lab's two nodes as a stack (each node's identity its fabric address; no GPU: gloo),
+    with the check's message and deadline for the lab."""
     raw = {"nodes": [{"name": n.name, "host": n.fabric_ip, "fabricIp": n.fabric_ip,
                       "fabricInterface": (interfaces or {}).get(n.name, n.fabric_if)}
                      for n in nodes.nodes],
            "image": "spark-vllm-cpu", "model": "spark-vllm/tiny-dense",
            "tensorParallelSize": 2, "insecureAcceptAnyHostKey": True, "dockerGpus": "none",
-           "checkGpu": False, "backend": "native"}
+           "checkGpu": False, "backend": "native", "masterPort": port - fabric.PORT_OFFSET,
+           "fabricCheck": {"bandwidthMessage": MESSAGE // 2**20, "timeout": deadline_s}}
     return parse_spec(raw, "fabric", frozenset({"sshPrivateKey"}))
 
 
 def run_check(nodes: Nodes, venv: str, port: int,
               interfaces: dict[str, str] | None = None,
               deadline_s: int = DEADLINE_S) -> list[dict[str, Any]]:
-    """The script on both nodes at once, as the program would run it: `python3 - ARGS` with the
-    script on stdin and the node's own env (render/fabric_commands.py docker_argv, the docker
-    part aside); each node's one JSON line, parsed."""
-    spec = spec_for(nodes, interfaces)
+    """The check on both nodes at once, as the program renders it for them
+    (render/fabric_commands.py docker_argv): its env (`--env`, the node's ranks' env) and its
+    `python3 - ARGS`, the script on stdin; the container aside (the venv is the image). Each
+    node's one JSON line, parsed."""
+    spec = spec_for(nodes, port, deadline_s, interfaces)
     procs = []
     try:
-        for rank, (lab, node) in enumerate(zip(nodes.nodes, spec.nodes, strict=True)):
-            env = {"PATH": os.environ["PATH"], **nodes.env(lab), **commands.node_env(spec, node)}
-            argv = [f"{venv}/bin/python", "-", "--rank", str(rank), "--world-size", "2",
-                    "--master-addr", spec.head.identity_ip, "--master-port", str(port),
-                    "--backend", "gloo", "--node", lab.name, "--bandwidth-bytes", str(MESSAGE),
-                    "--deadline", str(deadline_s)]
+        for lab, node in zip(nodes.nodes, spec.nodes, strict=True):
+            docker = fabric.docker_argv(spec, node)
+            env = dict(kv.split("=", 1) for flag, kv in zip(docker, docker[1:], strict=False)
+                       if flag == "--env")
+            assert env == commands.node_env(spec, node)
+            entry = docker.index("--entrypoint")
+            assert docker[entry + 1:entry + 4] == ["python3", spec.image, "-"]
+            argv = [f"{venv}/bin/python", "-", *docker[entry + 4:]]
+            assert argv[2:] == fabric.script_args(spec, node)
             with SCRIPT_FILE.open() as stdin:
-                procs.append((lab, subprocess.Popen(nodes.argv(lab, argv), stdin=stdin,
-                                                    stdout=subprocess.PIPE,
-                                                    stderr=subprocess.PIPE, text=True, env=env)))
+                procs.append((lab, subprocess.Popen(
+                    nodes.argv(lab, argv), stdin=stdin, stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE, text=True,
+                    env={"PATH": os.environ["PATH"], **nodes.env(lab), **env})))
         out = []
         for lab, p in procs:
             try:
@@ -116,7 +125,8 @@ def lab() -> Iterator[dict[str, Any]]:
     nodes = Nodes()
     scratch = _scratch()
     nodes.up()
-    state: dict[str, Any] = {"nodes": nodes, "venv": venv, "ports": iter(range(29650, 29700))}
+    state: dict[str, Any] = {"nodes": nodes, "venv": venv,
+                             "ports": iter(range(29650, 29700))}
     try:
         yield state
     finally:
@@ -184,7 +194,7 @@ def test_a_throttled_fabric_is_refused_with_the_table(lab: dict[str, Any]) -> No
 
 
 def test_a_wrong_fabric_interface_is_named(lab: dict[str, Any]) -> None:
-    reports = check(lab, interfaces={"n1": "spvf9"}, deadline_s=15)
+    reports = check(lab, interfaces={"n1": "spvf9"}, deadline_s=15)  # rank 0 waits: short
     n0, n1 = reports
     assert n1["exit"] == 1 and n1["phase"] == "interface", n1
     assert "GLOO_SOCKET_IFNAME=spvf9: no interface 'spvf9' on this node" in n1["error"]
