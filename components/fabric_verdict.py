@@ -50,7 +50,8 @@ class Verdict:
         return self.outcome != "refuse"
 
 
-def parse_report(node: str, stdout: str, exit_code: int | None = None) -> dict[str, Any]:
+def parse_report(node: str, stdout: str, exit_code: int | None = None,
+                 stderr: str = "") -> dict[str, Any]:
     """A node's report: the last JSON line of the script's stdout; anything else (a container
     that did not start, a shell error) is an error naming the node and what came out."""
     for line in reversed(stdout.strip().splitlines()):
@@ -62,7 +63,8 @@ def parse_report(node: str, stdout: str, exit_code: int | None = None) -> dict[s
             return {"node": node, **out}
     shown = stdout.strip()[-300:] or "(nothing)"
     return {"check": "fabric", "node": node, "status": "error", "phase": "start",
-            "error": f"no report from the fabric check (exit {exit_code}): {shown}"}
+            "error": f"no report from the fabric check (exit {exit_code}): {shown}",
+            "log": stderr.strip().splitlines()[-5:]}
 
 
 def settings_line(cfg: FabricCheckSettings) -> str:
@@ -205,9 +207,10 @@ def verdict(reports: Sequence[Mapping[str, Any]], cfg: FabricCheckSettings,
         why = "; ".join(f"{r.get('node', '?')}: {r.get('reason', '?')}" for r in unavailable)
         text = f"fabric check could not run ({why})"
         if cfg.on_unavailable == "refuse":
-            return Verdict("refuse", f"{text}. Nothing started: serve an image with torch (the "
-                           "serving image has it), or set fabricCheck.onUnavailable to warn or "
-                           "skip to start without the check.", baseline=old)
+            return Verdict("refuse", f"{text}. Nothing started: the check runs in the serving "
+                           "image (torch, and CUDA for NCCL on GPU nodes); set "
+                           "fabricCheck.onUnavailable to warn or skip to start without it.",
+                           baseline=old)
         if cfg.on_unavailable == "warn":
             return Verdict("warn", f"{text}; started without it (fabricCheck.onUnavailable: "
                            "warn)", baseline=old)

@@ -13,7 +13,9 @@ others' reports.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
+from typing import Any
 
 from ..spec import ClusterSpec, NodeSpec
 from . import commands
@@ -24,6 +26,11 @@ DOCKER_MARGIN_S = 30
 # the rendezvous: a port of the head beside masterPort, free while no rank runs (masterPort
 # itself may still be held by the ranks the check runs before, on a replacement)
 PORT_OFFSET = 10
+
+
+def needed(spec: ClusterSpec) -> bool:
+    """A fabric to check: two nodes or more (the script refuses a world of one)."""
+    return len(spec.nodes) > 1
 
 
 def backend(spec: ClusterSpec) -> str:
@@ -82,3 +89,17 @@ def node_script(spec: ClusterSpec, node: NodeSpec) -> str:
 def script() -> str:
     """What the node command sends on stdin: the check itself."""
     return commands.script_text("fabric_check.py")
+
+
+def triggers(spec: ClusterSpec) -> dict[str, Any]:
+    """What the check's result depends on: it runs again when one changes (identities,
+    interfaces, HCAs, the image, each node's env, its own settings and script), never on a
+    no-op `up`. The rank order is the nodes' order (rank 0 hosts the rendezvous)."""
+    return {"image": spec.image, **({"imageDigest": spec.image_digest}
+                                    if spec.image_digest else {}),
+            "backend": backend(spec), "port": port(spec),
+            "nodes": [{"name": n.name, "identity": n.identity_ip,
+                       "interface": n.fabric_interface, "ibHca": n.ib_hca,
+                       "env": commands.node_env(spec, n)} for n in spec.nodes],
+            "settings": spec.fabric_check.model_dump(by_alias=True),
+            "script": hashlib.sha256(script().encode()).hexdigest()[:16]}

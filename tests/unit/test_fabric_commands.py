@@ -89,6 +89,31 @@ def test_a_failed_check_still_exits_0_and_says_so(tmp_path: Path) -> None:
     assert "node-1: fabric check: the check ended with exit 3" in proc.stderr
     proc, calls = run_node(tmp_path, FAIL="1")
     assert proc.returncode == 0 and calls[-1].startswith("rm -f")
-    report = parse_report("node-1", proc.stdout, 0)
+    report = parse_report("node-1", proc.stdout, 0, proc.stderr)
     assert report["status"] == "error" and "no report from the fabric check" in report["error"]
+    assert "docker: no such image" in report["log"]
     assert "the check ended with exit 125" in proc.stderr
+
+
+def test_it_is_needed_with_two_nodes_or_more() -> None:
+    assert fabric.needed(spec_from(lab_nodes(2)))
+    assert not fabric.needed(spec_from(lab_nodes(1)))
+
+
+def test_it_runs_again_when_what_it_measures_changes_and_only_then() -> None:
+    base = fabric.triggers(spec_from(lab_nodes(2)))
+    assert base == fabric.triggers(spec_from(lab_nodes(2)))  # a no-op up: the same
+    moved = lab_nodes(2)
+    changes = {
+        "identity": dict(moved[1], fabricIp="192.168.231.99"),
+        "interface": dict(moved[1], fabricInterface="enp9s0f1np1"),
+        "ibHca": dict(moved[1], ibHca="rocep9s0f1,roceP2p9s0f1"),
+    }
+    for what, node in changes.items():
+        assert fabric.triggers(spec_from([moved[0], node])) != base, what
+    for top in ({"image": "vllm/image:2"}, {"env": {"NCCL_IB_GID_INDEX": "3"}},
+                {"fabricCheck": {"minBusBandwidth": 15}}, {"dockerGpus": "none"}):
+        assert fabric.triggers(spec_from(lab_nodes(2), **top)) != base, top
+    # what the check does not measure: the model, vLLM's flags, the API port
+    for top in ({"model": "org/other"}, {"vllmArgs": ["--max-num-seqs", "8"]}, {"port": 8001}):
+        assert fabric.triggers(spec_from(lab_nodes(2), **top)) == base, top

@@ -211,7 +211,7 @@ def unavailable() -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("mode,outcome,said", [
-    ("refuse", "refuse", "Nothing started: serve an image with torch"),
+    ("refuse", "refuse", "Nothing started: the check runs in the serving image (torch"),
     ("warn", "warn", "started without it (fabricCheck.onUnavailable: warn)"),
     ("skip", "skip", "skipped (fabricCheck.onUnavailable: skip)"),
 ])
@@ -264,6 +264,10 @@ def test_parse_report_takes_the_last_json_line_and_names_the_node_otherwise() ->
     assert bad["status"] == "error" and bad["node"] == "spark-b"
     assert "no report from the fabric check (exit 125): docker: Error" in bad["error"]
     assert parse_report("spark-b", "")["error"].endswith("(nothing)")
+    docker = parse_report("spark-b", "", 0, "x\ndocker: Error response from daemon: pull "
+                          "access denied\n")
+    assert docker["log"] == ["x", "docker: Error response from daemon: pull access denied"]
+    assert "| docker: Error response" in verdict([docker], DEFAULT).message
 
 
 # --- the settings ----------------------------------------------------------------------------
