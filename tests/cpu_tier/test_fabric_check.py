@@ -165,7 +165,7 @@ def test_healthy_fabric_passes_and_records_the_baseline(healthy: tuple[list, Ver
         assert ranks[name]["env"]["GLOO_SOCKET_IFNAME"] == ifname
         assert ranks[name]["env"]["VLLM_HOST_IP"] == ip
         assert ranks[name]["mtu"] == {ifname: 1500}
-    print("healthy:", json.dumps(v.pairs))
+    print("healthy:", json.dumps(v.pairs), "seconds:", [r["seconds"] for r in reports])
 
 
 def test_a_throttled_fabric_is_refused_with_the_table(lab: dict[str, Any]) -> None:
