@@ -181,7 +181,7 @@ DEFAULT_SSH_DIAL_TIMEOUT_S = 15
 SSH_DIALS = 4
 
 
-# The fabric check (issue 37; components/fabric_verdict.py, components/scripts/fabric_check.py):
+# The fabric check (components/fabric_verdict.py, components/scripts/fabric_check.py):
 # floors for a pair of DGX Sparks on their 200 Gb/s ConnectX-7 link, from the field's figures
 # (docs/configuration.md#the-fabric-check has each source). nccl-tests all_reduce_perf between
 # two GB10s measured 28-35 µs at 8 KiB and 65-68 µs at 64 KiB (github.com/NVIDIA/
