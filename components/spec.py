@@ -181,6 +181,43 @@ DEFAULT_SSH_DIAL_TIMEOUT_S = 15
 SSH_DIALS = 4
 
 
+# The fabric check (components/fabric_verdict.py, components/scripts/fabric_check.py):
+# floors for a pair of DGX Sparks on their 200 Gb/s ConnectX-7 link, from the field's figures
+# (docs/configuration.md#the-fabric-check has each source). nccl-tests all_reduce_perf between
+# two GB10s measured 28-35 µs at 8 KiB and 65-68 µs at 64 KiB (github.com/NVIDIA/
+# dgx-spark-playbooks PR 103): the ceilings are ~3x that. A healthy pair moves 20-24 GB/s of bus
+# bandwidth (PR 103: all_gather 23.7 GB/s with both HCAs and MTU 9000; tonyd2wild/…-2x-DGX-Spark
+# PR 35: 161 Gb/s with both HCAs), half with one rail (PR 35: 98 Gb/s, 12 GB/s), ~3 GB/s with a
+# bad NCCL build or the data path unpinned (playbooks issue 102, PR 103) and ~1.6 GB/s on a
+# ConnectX-7 that came up degraded at ~13 Gb/s (playbooks PR 108): the floor, 10 GB/s, refuses
+# the broken fabrics; a lost rail on a pair that had both shows against its own baseline.
+DEFAULT_FABRIC_MAX_LATENCY_8K_US = 100.0
+DEFAULT_FABRIC_MAX_LATENCY_64K_US = 200.0
+DEFAULT_FABRIC_MIN_BUS_BANDWIDTH_GBS = 10.0
+FABRIC_MESSAGE_MAX_MIB = 256  # never the 16 GB message that froze a Spark (playbooks issue 102)
+
+
+class FabricCheckSettings(_Strict):
+    """`fabricCheck:`, the collective run across the nodes before any rank (inert until the
+    check is in the graph)."""
+
+    # µs: the median all-reduce of 8 KiB and of 64 KiB (what TP decode issues), per pair
+    max_latency_8k: float = Field(DEFAULT_FABRIC_MAX_LATENCY_8K_US, gt=0, le=1e6,
+                                  alias="maxLatency8k")
+    max_latency_64k: float = Field(DEFAULT_FABRIC_MAX_LATENCY_64K_US, gt=0, le=1e6,
+                                   alias="maxLatency64k")
+    # GB/s (10^9 bytes): nccl-tests' busbw of an all-reduce of bandwidthMessage; 0: no floor
+    min_bus_bandwidth: float = Field(DEFAULT_FABRIC_MIN_BUS_BANDWIDTH_GBS, ge=0, le=10000)
+    bandwidth_message: int = Field(64, ge=1, le=FABRIC_MESSAGE_MAX_MIB)  # MiB
+    # a later run this fraction worse than the stack's baseline (its first good run) is degraded
+    baseline_tolerance: float = Field(0.25, gt=0, lt=1)
+    on_degraded: Literal["warn", "refuse"] = "warn"
+    # where the check cannot run (no torch in the image, no GPU for NCCL): refuse to start,
+    # start with a warning, or start and record why it was skipped
+    on_unavailable: Literal["refuse", "warn", "skip"] = "refuse"
+    timeout: int = Field(90, ge=10, le=600)  # s: the whole run on every node
+
+
 class _Settings(_Strict):
     """Top-level keys other than `nodes`; defaults live here and nowhere else."""
 
@@ -243,6 +280,8 @@ class _Settings(_Strict):
     # or auto (vLLM >= 0.26 fits the longest context its KV cache holds at load time, and the
     # admission shows the estimate); unset: vllmArgs' --max-model-len, else the model's own
     max_model_len: int | Literal["auto"] | None = None
+    fabric_check: FabricCheckSettings = Field(
+        default_factory=lambda: FabricCheckSettings.model_validate({}))
 
     @field_validator("env", mode="before")
     @classmethod
@@ -367,6 +406,8 @@ def _pydantic_problems(prefix: str, err: ValidationError) -> list[str]:
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown key (a typo?)"
+        elif e["type"] == "model_type":  # pydantic would name the class
+            msg = "expected a mapping of its keys (docs/configuration.md)"
         problems.append(f"{_path(prefix, loc)}: {msg}")
     return problems
 
@@ -479,6 +520,11 @@ def _settings_problems(s: _Settings) -> list[str]:
         out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
                    f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
                    "path or a model the nodes already have")
+    fc = s.fabric_check
+    if fc.max_latency_64k < fc.max_latency_8k:
+        out.append(f"fabricCheck.maxLatency64k: {fc.max_latency_64k:g} µs is below maxLatency8k "
+                   f"({fc.max_latency_8k:g} µs); a 64 KiB all-reduce takes at least as long as "
+                   "an 8 KiB one")
     if isinstance(s.max_model_len, int) and not 16 <= s.max_model_len <= 10**8:
         out.append(f"maxModelLen: {s.max_model_len} is not a context length (16 or more)")
     for j, arg in enumerate(s.vllm_args):
