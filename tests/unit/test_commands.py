@@ -592,7 +592,7 @@ def test_worker_waits_to_join_and_names_an_unreachable_head(tmp_path: Path) -> N
             s.close()
     assert out["_rc"] == ["1"]
     err = out["_stderr"][0]
-    assert (f"did not take a TCP connect from this node (no answer within 2 s): trying again "
+    assert ("did not take a TCP connect from this node (no answer within 2 s): trying again "
             "in 3 s") in err
     assert ("spark-b: ray-worker: FAILED: cannot reach the Ray head spark-a at "
             f"127.0.0.1:{port} from 192.168.200.13 (a TCP connect from this node, 2 times 3 s "
