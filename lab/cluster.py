@@ -21,7 +21,7 @@ from lab.fabric import block_fabric as block_fabric  # re-export
 from lab.fabric import throttle_fabric as throttle_fabric
 from lab.fabric import unblock_fabric as unblock_fabric
 from lab.fabric import unthrottle_fabric as unthrottle_fabric
-from lab.run import LabError, Progress, docker, docker_ok, exclusive
+from lab.run import LabError, Progress, docker, docker_ok, exclusive, run
 
 
 @dataclass(frozen=True)
@@ -240,10 +240,47 @@ def power_off(refs: list[str], hard: bool = False) -> None:
 
 
 def power_on(refs: list[str], progress: Progress | None = None) -> None:
-    """Boot nodes that are off; returns once sshd and dockerd answer on each."""
+    """Boot nodes that are off; returns once sshd and dockerd answer on each, and its fabric
+    carries TCP both ways between it and every other running node."""
     targets = [find_node(r) for r in refs]
     _parallel(["start"], [n.container for n in targets])
     nodes.wait_ready(targets, progress or Progress(quiet=True))
+    wait_fabric(targets)
+
+
+# a TCP connect to sshd's port on a fabric address, from inside a node (its own namespace)
+_CONNECT_PY = ("import socket, sys\n"
+               "try:\n"
+               "    socket.create_connection((sys.argv[1], 22), 2).close()\n"
+               "except OSError as e:\n"
+               "    sys.exit(type(e).__name__ + ': ' + str(e))\n")
+FABRIC_BOOT_DEADLINE_S = 60
+
+
+def wait_fabric(booted: list[NodeAddrs], deadline_s: float = FABRIC_BOOT_DEADLINE_S) -> float:
+    """A booted node is back when its fabric is: wait until a TCP connect (to sshd, port 22)
+    goes through from each booted node to every other running node's fabric address, and back.
+    Returns the seconds waited; raises naming each pair that still fails at the deadline."""
+    running = [n for n in info().nodes
+               if ((nodes.container_state(n.container) or {}).get("State") or {}).get("Running")]
+    pairs = {(a.name, b.name): (a, b) for t in booted for o in running if o.name != t.name
+             for a, b in ((t, o), (o, t))}
+    t0 = time.monotonic()
+    failing: dict[tuple[str, str], str] = {}
+    while True:
+        failing = {}
+        for key, (src, dst) in pairs.items():
+            proc = run(["docker", "exec", src.container, "python3", "-c", _CONNECT_PY,
+                        dst.fabric_ip], check=False, timeout=30)
+            if proc.returncode != 0:
+                failing[key] = (proc.stderr.strip() or proc.stdout.strip())[-200:]
+        if not failing:
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > deadline_s:
+            raise LabError("after the boot, the fabric does not carry TCP between: " + "; ".join(
+                f"{a} -> {b} ({pairs[(a, b)][1].fabric_ip}:22): {why}"
+                for (a, b), why in failing.items()))
+        time.sleep(0.5)
 
 
 def _parallel(cmd: list[str], items: list[str]) -> None:
