@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.render.commands import TCP_CONNECT_PY
 from lab import config, egress, images, keys, model, nodes, stackfile
 from lab.config import NodeAddrs
 from lab.fabric import block_fabric as block_fabric  # re-export
@@ -248,12 +249,6 @@ def power_on(refs: list[str], progress: Progress | None = None) -> None:
     wait_fabric(targets)
 
 
-# a TCP connect to sshd's port on a fabric address, from inside a node (its own namespace)
-_CONNECT_PY = ("import socket, sys\n"
-               "try:\n"
-               "    socket.create_connection((sys.argv[1], 22), 2).close()\n"
-               "except OSError as e:\n"
-               "    sys.exit(type(e).__name__ + ': ' + str(e))\n")
 FABRIC_BOOT_DEADLINE_S = 60
 
 
@@ -270,8 +265,9 @@ def wait_fabric(booted: list[NodeAddrs], deadline_s: float = FABRIC_BOOT_DEADLIN
     while True:
         failing = {}
         for key, (src, dst) in pairs.items():
-            proc = run(["docker", "exec", src.container, "python3", "-c", _CONNECT_PY,
-                        dst.fabric_ip], check=False, timeout=30)
+            # sshd's port on the fabric address, with the worker's own probe
+            proc = run(["docker", "exec", src.container, "python3", "-c", TCP_CONNECT_PY,
+                        dst.fabric_ip, "22", "2"], check=False, timeout=30)
             if proc.returncode != 0:
                 failing[key] = (proc.stderr.strip() or proc.stdout.strip())[-200:]
         if not failing:

@@ -36,11 +36,15 @@ def _script(peer: NodeAddrs, block: bool) -> str:
     return "\n".join(lines)
 
 
-def _apply(node: NodeAddrs, peer: NodeAddrs, block: bool) -> None:
-    proc = run(["docker", "exec", node.container, "sh", "-c", _script(peer, block)], check=False, timeout=30)
+def _node_sh(node: NodeAddrs, script: str, what: str) -> None:
+    """`sh -c SCRIPT` in the node's own namespaces (docker exec, not SSH); LabError names it."""
+    proc = run(["docker", "exec", node.container, "sh", "-c", script], check=False, timeout=30)
     if proc.returncode != 0:
-        verb = "block" if block else "unblock"
-        raise LabError(f"{verb} on {node.name} failed: {proc.stderr.strip()}")
+        raise LabError(f"{what} on {node.name} failed: {proc.stderr.strip()}")
+
+
+def _apply(node: NodeAddrs, peer: NodeAddrs, block: bool) -> None:
+    _node_sh(node, _script(peer, block), "block" if block else "unblock")
 
 
 def _resolve(ref: str | NodeAddrs) -> NodeAddrs:
@@ -69,17 +73,11 @@ def unblock_fabric(a: str | NodeAddrs, b: str | NodeAddrs) -> None:
 def throttle_fabric(ref: str | NodeAddrs, rate: str) -> None:
     """Cap what a node sends on its fabric interface (`tc` tbf, e.g. rate "400mbit"): a slow
     link, and a copy that a test can interrupt at a point it chooses. Replaces any cap."""
-    node = _resolve(ref)
-    dev = config.FABRIC_IFNAME
-    script = (f"tc qdisc replace dev {dev} root tbf rate {shlex.quote(rate)} burst 256kb "
-              "latency 400ms")
-    proc = run(["docker", "exec", node.container, "sh", "-c", script], check=False, timeout=30)
-    if proc.returncode != 0:
-        raise LabError(f"throttle on {node.name} failed: {proc.stderr.strip()}")
+    _node_sh(_resolve(ref), f"tc qdisc replace dev {config.FABRIC_IFNAME} root tbf rate "
+             f"{shlex.quote(rate)} burst 256kb latency 400ms", "throttle")
 
 
 def unthrottle_fabric(ref: str | NodeAddrs) -> None:
     """Remove throttle_fabric's cap (idempotent)."""
-    node = _resolve(ref)
-    script = f"tc qdisc del dev {config.FABRIC_IFNAME} root 2>/dev/null || true"
-    run(["docker", "exec", node.container, "sh", "-c", script], check=False, timeout=30)
+    _node_sh(_resolve(ref), f"tc qdisc del dev {config.FABRIC_IFNAME} root 2>/dev/null || true",
+             "unthrottle")

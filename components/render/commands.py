@@ -102,6 +102,19 @@ LISTENING_SH = ("awk -v p=:{port:04X} '$4 == \"0A\" && substr($2, length($2) - 4
                  "{{f = 1}} END {{exit !f}}' /proc/net/tcp /proc/net/tcp6 2>/dev/null")
 
 
+# A TCP connect from a node, `python3 -c TCP_CONNECT_PY HOST PORT SECONDS`: exits 1 saying
+# why it failed ("refused (nothing listens there)", "no answer within N s", the OS's words).
+TCP_CONNECT_PY = (
+    "import socket, sys\n"
+    "try:\n"
+    "    socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3])).close()\n"
+    "except ConnectionRefusedError:\n"
+    "    sys.exit('refused (nothing listens there)')\n"
+    "except (socket.timeout, TimeoutError):\n"
+    "    sys.exit(f'no answer within {sys.argv[3]} s')\n"
+    "except OSError as e:\n"
+    "    sys.exit(e.strerror or str(e))\n")
+
 # The Ray head's session dir, an anonymous volume of the head container that the vLLM container
 # mounts too (--volumes-from). vLLM >= 0.18 (RayExecutorV2, ray_executor_v2.py: "Workers on the
 # driver node use shared memory; the rest use TCP") puts the ipc:// sockets between the driver

@@ -15,6 +15,7 @@ from ..commands import (
     ENGINE_READY_ENV,
     HEAD,
     LISTENING_SH,
+    TCP_CONNECT_PY,
     VLLM,
     VLLM_CONFIG_ROOT,
     VLLM_FILES_DIR,
@@ -57,17 +58,6 @@ GCS_PROBE_EVERY_S = 3
 GCS_PROBE_FAILS = 2
 # the connect's bound (seconds): a fabric or a LAN answers a SYN in milliseconds
 GCS_CONNECT_S = 2
-# prints why a connect failed ("refused", "no answer within 2 s", the OS's words), exits 1
-TCP_CONNECT_PY = (
-    "import socket, sys\n"
-    "try:\n"
-    "    socket.create_connection((sys.argv[1], int(sys.argv[2])), float(sys.argv[3])).close()\n"
-    "except ConnectionRefusedError:\n"
-    "    sys.exit('refused (nothing listens there)')\n"
-    "except (socket.timeout, TimeoutError):\n"
-    "    sys.exit(f'no answer within {sys.argv[3]} s')\n"
-    "except OSError as e:\n"
-    "    sys.exit(e.strerror or str(e))\n")
 
 
 # Ray's memory monitor kills workers once the node's memory passes memory_usage_threshold
