@@ -272,7 +272,7 @@ def script_text(name: str) -> str:
     return resources.files(_COMPONENTS).joinpath("scripts", name).read_text()
 
 
-def _prelude(spec: ClusterSpec, node: NodeSpec, what: str) -> list[str]:
+def prelude(spec: ClusterSpec, node: NodeSpec, what: str) -> list[str]:
     return [
         "set -eu",
         'PATH="$PATH:/usr/sbin:/sbin"',
@@ -295,7 +295,7 @@ def _remove_lines(name_var: str, env_file: str) -> list[str]:
 def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
     """`delete` of a container command: idempotent (invariant 4)."""
     return "\n".join([
-        *_prelude(spec, node, f"remove {role}"),
+        *prelude(spec, node, f"remove {role}"),
         f"stack={shlex.quote(spec.stack)}",
         f"name={shlex.quote(container_name(spec, role))}",
         'log "stopping $name"',
@@ -310,7 +310,7 @@ def keep_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
     container that is gone cannot be kept: that is said, and `pulumi up --refresh` starts it
     again (its liveness companion sees it gone)."""
     return "\n".join([
-        *_prelude(spec, node, f"keep {role}"),
+        *prelude(spec, node, f"keep {role}"),
         f"name={shlex.quote(container_name(spec, role))}",
         "if cid=$(docker inspect --format '{{.Id}}' \"$name\" 2>/dev/null); then",
         '  log "kept: $name ${cid%"${cid#????????????}"} (nothing restarts)"; echo "$cid"; exit 0',
@@ -452,7 +452,7 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     half-done on the node and a rerun starts clean.
     """
     lines = [
-        *_prelude(spec, node, role),
+        *prelude(spec, node, role),
         f"stack={shlex.quote(spec.stack)}",
         f"name={shlex.quote(container_name(spec, role))}",
         f"umask 077; mkdir -p {STATE_DIR_SH}\"$stack\"; cd {STATE_DIR_SH}\"$stack\"",

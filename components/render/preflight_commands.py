@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Sequence
 
 from ..spec import ClusterSpec, NodeSpec
-from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, _prelude, container_name
+from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, container_name, prelude
 
 # Prints "RAY PYTHON VLLM" for an image ("none" for an image without Ray: vLLM dropped it as a
 # dependency, vllm#36170); run once per image id by the preflight. vLLM's own CLI says its
@@ -49,7 +49,7 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
     q = shlex.quote
     image = q(spec.image)
     lines = [
-        *_prelude(spec, node, "preflight"),
+        *prelude(spec, node, "preflight"),
         'fail() { log "FAILED: $*"; exit 1; }',
         "command -v docker >/dev/null 2>&1 || fail \"docker is not installed or not on PATH\"",
         'docker_v=$(docker version --format "{{.Server.Version}}" 2>&1) '

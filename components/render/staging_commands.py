@@ -13,7 +13,7 @@ import shlex
 
 from .. import ssh
 from ..spec import ClusterSpec, NodeSpec
-from .commands import LABEL, PROGRESS_EVERY_S, _prelude, script_text
+from .commands import LABEL, PROGRESS_EVERY_S, prelude, script_text
 
 MODEL_ROLE = "model"
 # In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the
@@ -56,7 +56,7 @@ def _staging_prelude(spec: ClusterSpec, node: NodeSpec, what: str, secret_file: 
     """Split stdin into a 0600 secret file and the helper, in a directory removed on exit; a
     signal (Ctrl-C twice, a lost session) ends the script, and with it what it started."""
     return [
-        *_prelude(spec, node, what),
+        *prelude(spec, node, what),
         'fail() { log "FAILED: $*"; exit 1; }',
         f"command -v python3 >/dev/null 2>&1 || fail \"python3 is not installed: the {what} "
         "runs with it\"",

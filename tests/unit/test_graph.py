@@ -49,7 +49,8 @@ def test_graph_shape(n: int) -> None:
     expected = sorted([f"node-{i}-preflight" for i in range(1, n + 1)]
                       + [f"ray-worker-node-{i}" for i in range(2, n + 1)] + list(CONTAINERS)
                       + ["image-check", "memory-check", "model-stage"]
-                      + [f"model-copy-node-{i}" for i in range(2, n + 1)])
+                      + [f"model-copy-node-{i}" for i in range(2, n + 1)]
+                      + (["fabric-gate"] if n > 1 else []))
     assert commands == expected
     assert {g[f"node-{i}"].type for i in range(1, n + 1)} == {"spark-vllm:node:SparkNode"}
     assert g["ray"].type == "spark-vllm:ray:RayCluster"
@@ -318,7 +319,8 @@ def test_every_container_and_only_containers_have_a_liveness_companion(n: int) -
                   **{f"ray-worker-node-{i}": c.WORKER for i in range(2, n + 1)}}
     assert sorted(name for name, r in g.items() if r.type == DYN) == sorted(
         [*(f"{name}-liveness" for name in containers), "model-stage-liveness",
-         *(f"model-copy-node-{i}-liveness" for i in range(2, n + 1))])
+         *(f"model-copy-node-{i}-liveness" for i in range(2, n + 1)),
+         *(["fabric-check"] if n > 1 else [])])  # the fabric check's (fabric_check.py)
     for name, role in containers.items():
         live = g[f"{name}-liveness"]
         assert live.plain("triggers") is None
@@ -376,8 +378,8 @@ def test_new_script_text_changes_no_trigger_and_a_new_middleware_only_the_api_se
     def prelude(spec: object, node: c.NodeSpec, what: str) -> list[str]:
         return ["set -eu", 'PATH="$PATH:/usr/sbin:/sbin"', f"node={node.name}",
                 f'log() {{ echo "[spark-vllm] {what} on $node: $*" >&2; }}']
-    monkeypatch.setattr(c, "_prelude", prelude)
-    monkeypatch.setattr(ray, "_prelude", prelude)
+    monkeypatch.setattr(c, "prelude", prelude)
+    monkeypatch.setattr(ray, "prelude", prelude)
     monkeypatch.setattr(c, "script_text", lambda name: real(name) + (
         "# reworded\n" if name == "vllm_probe.py" else ""))
     reworded = graph(2)

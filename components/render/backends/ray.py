@@ -20,11 +20,11 @@ from ..commands import (
     VLLM_CONFIG_ROOT,
     VLLM_FILES_DIR,
     WORKER,
-    _prelude,
     _wait_loop,
     container_name,
     docker_run_argv,
     execute_model_timeout,
+    prelude,
     script_text,
     serve_ready_lines,
     start_bound_lines,
@@ -237,7 +237,7 @@ def gate_script(spec: ClusterSpec, preflight_json: list[str]) -> str:
     head = container_name(spec, HEAD)
     q_head = shlex.quote(head)
     return "\n".join([
-        *_prelude(spec, spec.head, "gate"),
+        *prelude(spec, spec.head, "gate"),
         # The head's command returned once its GCS listened: if the head died since, its own
         # log says why better than a docker exec error would.
         f'[ "$(docker inspect --format "{{{{.State.Status}}}}" {q_head} 2>/dev/null)" = running ] '
