@@ -15,6 +15,7 @@ from pulumi.runtime import config as runtime_config
 from pulumi.runtime import resource as sdk_resource
 
 from . import hostkeys, node_memory, secret_check
+from .fabric_check import FabricCheck
 from .image_check import ImageCheck
 from .memory_check import MemoryCheck
 from .native_group import NativeGroup, NativeGroupArgs
@@ -139,17 +140,22 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
     before: list[pulumi.Resource] = [
         ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key).check]
     staging = None
-    copies: list[pulumi.Resource] = []
     if spec.staged:
         staging = ModelStaging("model", ModelStagingArgs(
             spec=spec, nodes=nodes, ssh_private_key=secrets.ssh_private_key,
             hf_token=secrets.hf_token, after=tuple(before)))
         before.append(staging.stage)
-        copies = list(staging.copies)
     # will vLLM fit, with the weights on the head (their config) and each node's free memory now
     memory = MemoryCheck("memory", spec, nodes, ssh_private_key=secrets.ssh_private_key,
                          after=list(before))
     before.append(memory.check)
+    # the fabric, measured while nothing else moves data over it (before the copies), gates
+    # every container that would change: a refused fabric stops the `up` at its gate, before
+    # any old container is stopped, so a deployment that serves keeps serving
+    fabric = FabricCheck("fabric", spec, nodes, ssh_private_key=secrets.ssh_private_key,
+                         after=before)
+    before += [fabric.gate] if fabric.gate else []
+    copies: list[pulumi.Resource] = staging.copy(after=before) if staging else []
     # The copies to the other nodes are only for vLLM's ranks: Ray's containers start while
     # they run (a cold up no longer waits for a copy, or its verification, before Ray), and
     # vLLM waits for both. A copy that fails leaves the Ray cluster up and in the state; the
@@ -187,6 +193,9 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
         # the memory admission: the estimate per rank and each node's numbers when checked
         "memory": memory.summary,
+        # the fabric check's last verdict, figures per pair and the cluster's baseline (its
+        # first good run, what later runs are compared with)
+        "fabric": fabric.summary,
         # how to reach each node and what runs there: `spark-vllm status` reads it
         "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
                    "hostKey": n.host_key or "", "identityIp": n.identity_ip,

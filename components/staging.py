@@ -67,8 +67,17 @@ class ModelStaging(pulumi.ComponentResource):
             depends_on=list(args.after),
         )
         self.summary = self.stage.stdout.apply(lambda s: json.loads(s.strip().splitlines()[-1]))
+        self._args, self._head_live, self._what, self._prefix = args, head_live, what, name
         self.copies = []
-        for n in nodes[1:]:
+        self.register_outputs({"summary": self.summary})
+
+    def copy(self, after: list[pulumi.Resource]) -> list[pulumi.Resource]:
+        """The copies to the other nodes, after `after` (the fabric check's gate: the fabric is
+        measured while nothing else moves data over it, and a refused fabric copies nothing)."""
+        args, head_live, what = self._args, self._head_live, self._what
+        spec, name = args.spec, self._prefix
+        head, rev = args.nodes[0], spec.model_revision or "main"
+        for n in args.nodes[1:]:
             # the copy's inputs hold nothing of the staging's output: a staging that runs again
             # (an image change, say; it finds the model and hashes nothing) copies nothing
             # and shows no copy in a preview. A head whose copy was found damaged is staged
@@ -82,9 +91,9 @@ class ModelStaging(pulumi.ComponentResource):
                 stdin=_secret_stdin(args.ssh_private_key, _as_is),
                 triggers=[{"node": n.node.name, "to": n.node.identity_ip, **what},
                           {"headCopy": head_live.id, "liveness": live.id}],
-                depends_on=[self.stage, n.preflight],
+                depends_on=[self.stage, n.preflight, *after],
             ))
-        self.register_outputs({"summary": self.summary})
+        return self.copies
 
 
 def _as_is(key: str | None) -> str:

@@ -59,6 +59,9 @@ def render(nodes: Sequence[NodeAddrs], host_keys: dict[str, str], *, tp: int, pp
         f"{NS}:env": {"NCCL_DEBUG": "WARN"},
         f"{NS}:dockerGpus": "none",
         f"{NS}:checkGpu": False,
+        # the lab's image has no torch: the fabric check says it could not run, and the lab
+        # starts with that warning (components/fabric_check.py; the CPU tier runs it for real)
+        f"{NS}:fabricCheck": {"onUnavailable": "warn"},
         **({f"{NS}:backend": backend} if backend != "ray" else {}),
     }
     old_cfg = previous.get("config")

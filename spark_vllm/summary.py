@@ -49,8 +49,10 @@ PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "ga
 RANK = "vLLM rank"  # backend native: a headless rank (native_group.py); rank 0 is VLLM
 IMAGES, MODEL, COPY = "image check", "model", "model copy"  # image_check.py, staging.py
 MEMORY = "memory check"  # memory_check.py
-ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, HEAD, WORKER, GATE, RANK, VLLM)
-CHECKS = (PREFLIGHT, IMAGES, MEMORY, GATE)  # run again, start nothing
+FABRIC = "fabric check"  # fabric_check.py: a dynamic resource, and its gate (no row of its own)
+FABRIC_CHECK, FABRIC_GATE = "fabric-check", "fabric-gate"
+ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC, HEAD, WORKER, GATE, RANK, VLLM)
+CHECKS = (PREFLIGHT, IMAGES, MEMORY, FABRIC, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
 # pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
 _ACTION = {
@@ -92,6 +94,11 @@ STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missi
                   "hashed where its files changed")
 COPIED = "the files this node lacks are copied to it over the fabric; nothing restarts for it"
 WEIGHTS_STAY = "nothing runs: the weights stay in hfCache"
+FABRIC_MEASURED = ("the fabric is measured on every node before vLLM's ranks start (a refusal "
+                   "stops the up there, before any rank); starts nothing")
+FABRIC_STORED = "not measured again; nothing restarts"
+FABRIC_REFUSED = "its last run refused: measured again"
+FABRIC_REACH = "the SSH key, a node's address or the program's text is stored"
 MAX_VALUE = 120  # characters of one value in a cause
 
 
@@ -217,6 +224,7 @@ class _Resource:
     changed: set[str]  # top-level property names the engine says differ
     paths: set[str]  # the detailed diff's paths (e.g. triggers[1].apiKey)
     states: list[Any]  # every `state` output seen (liveness companions)
+    last: str | None = None  # the fabric check's outcome in the old state (fabric_check.py)
 
 
 def _urn_parts(urn: str) -> tuple[str, str, str]:
@@ -259,6 +267,9 @@ def _fold(steps: list[dict[str, Any]]) -> dict[str, _Resource]:
         for state in (step.get("oldState"), step.get("newState")):
             if isinstance(state, dict) and isinstance(state.get("outputs"), dict):
                 res.states.append(_clean(state["outputs"].get("state")))
+        old_out = (step.get("oldState") or {}).get("outputs")
+        if isinstance(old_out, dict) and isinstance(old_out.get("outcome"), str):
+            res.last = old_out["outcome"]
     return out
 
 
@@ -278,7 +289,7 @@ def _role(name: str) -> tuple[str, str | None] | None:
     return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
             "vllm-leader": (VLLM, None),
             "image-check": (IMAGES, None), "model-stage": (MODEL, None),
-            "memory-check": (MEMORY, None)}.get(name)
+            "memory-check": (MEMORY, None), FABRIC_CHECK: (FABRIC, None)}.get(name)
 
 
 def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | None,
@@ -290,7 +301,7 @@ def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | No
     dicts = [t if isinstance(t, dict) else None for t in triggers]
     if role == GATE:
         return {}, (dicts[0] or {}) if dicts else {}
-    if role in (IMAGES, MEMORY):
+    if role in (IMAGES, MEMORY, FABRIC):
         return (dicts[0] if dicts else None), {}
     facts = dicts[0] if dicts else None
     links = dicts[1] if len(dicts) > 1 and dicts[1] is not None else {}
@@ -509,6 +520,8 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
         return (NODE_ADDED,) if node_new else ("new in the program",)
     if res.action == DELETE:
         return (NODE_REMOVED,) if node_gone else ("removed from the program",)
+    if role == FABRIC and res.action == UPDATE:
+        return fabric_causes(res)
     if res.action == UPDATE:
         return update_causes(role, res)
     old_facts, old_links = _split(role, res.old)
@@ -535,6 +548,54 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
     return tuple(causes) or ("replaced (the preview does not say why)",)
 
 
+# fabric_commands.py `triggers`, each node's entry: its keys as the config names them
+_FABRIC_NODE = {"identity": "identityIp", "interface": "fabricInterface", "ibHca": "ibHca"}
+
+
+def fabric_reruns(res: _Resource) -> bool:
+    """Whether the fabric check's update measures again (fabric_check.py `reruns`)."""
+    return res.last == "refuse" or (res.old or {}).get("triggers") != (res.new or {}).get(
+        "triggers")
+
+
+def fabric_causes(res: _Resource) -> tuple[str, ...]:
+    """Why the fabric check changes in place, in config terms: what it measures changed (then
+    it measures again), its last run refused, or only how it reaches the nodes."""
+    if not fabric_reruns(res):
+        return (FABRIC_REACH,)
+    old, _ = _split(FABRIC, res.old)
+    new, _ = _split(FABRIC, res.new)
+    if old is None or new is None:
+        return ("triggers changed shape (an upgrade of spark-vllm)",)
+    causes = [FABRIC_REFUSED] if res.last == "refuse" else []
+    nodes = [{str(n.get("name")): n for n in f.get("nodes") or [] if isinstance(n, dict)}
+             for f in (old, new)]
+    if list(nodes[0]) != list(nodes[1]):
+        causes.append(_change("nodes", list(nodes[0]), list(nodes[1])))
+    for name in (n for n in nodes[1] if n in nodes[0]):
+        was, now = nodes[0][name], nodes[1][name]
+        for key in sorted(was.keys() | now.keys()):
+            if was.get(key) == now.get(key):
+                continue
+            if key == "env" and isinstance(was.get(key), dict) and isinstance(now.get(key), dict):
+                causes += [f"nodes[{name}].{c}" for c in _env_causes(was[key], now[key], [])
+                           if not c.startswith(tuple(f"{f}:" for f in _FABRIC_NODE.values()))]
+            else:
+                causes.append(_change(f"nodes[{name}].{_FABRIC_NODE.get(key, key)}",
+                                      was.get(key), now.get(key)))
+    settings: list[dict[str, Any]] = [
+        v if isinstance(v := f.get("settings"), dict) else {} for f in (old, new)]
+    causes += [_change(f"fabricCheck.{k}", settings[0].get(k), settings[1].get(k))
+               for k in sorted(settings[0].keys() | settings[1].keys())
+               if settings[0].get(k) != settings[1].get(k)]
+    if old.get("script") != new.get("script"):
+        causes.append("its script changed (an upgrade of spark-vllm)")
+    causes += [_change(k, old.get(k), new.get(k))
+               for k in sorted((old.keys() | new.keys()) - {"nodes", "settings", "script"})
+               if old.get(k) != new.get(k)]
+    return tuple(causes) or ("measured again",)
+
+
 def consequence(role: str, action: str) -> str:
     if role in (HEAD, WORKER):
         return {KEEP: "keeps running", CREATE: "Ray starts on this node",
@@ -555,6 +616,9 @@ def consequence(role: str, action: str) -> str:
     if role == COPY:
         return {KEEP: "", CREATE: COPIED, REPLACE: COPIED, DELETE: WEIGHTS_STAY,
                 UPDATE: COPIED}[action]
+    if role == FABRIC:
+        return {KEEP: "", CREATE: FABRIC_MEASURED, REPLACE: FABRIC_MEASURED,
+                UPDATE: FABRIC_MEASURED, DELETE: "nothing runs (a check)"}[action]
     if role == MEMORY and action in (CREATE, REPLACE, UPDATE):
         return "vLLM's memory is estimated again against each node's free memory, first"
     if action == UPDATE:
@@ -577,7 +641,9 @@ def _classify(resources: dict[str, _Resource]) -> tuple[list[_Command], dict[str
     dead: dict[str, str] = {}
     other = 0
     for res in resources.values():
-        role = _role(res.name) if res.type == COMMAND_TYPE else None
+        if res.name == FABRIC_GATE:
+            continue  # the fabric check's verdict, passed on: said by the check's row
+        role = _role(res.name) if res.type == COMMAND_TYPE or res.name == FABRIC_CHECK else None
         if role:
             commands.append((role[0], role[1], res))
             continue
@@ -629,11 +695,14 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     rows: list[Row] = []
     for (node, role), res in found.items():
         action = res.action if res else KEEP
-        if role in (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY) and action == KEEP:
+        if role in (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC) and action == KEEP:
             continue  # a kept check, or weights that stay where they are, say nothing
         causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
                            actions[node] == {CREATE}) if res else ()
-        rows.append(Row(node, role, action, causes, consequence(role, action)))
+        then = consequence(role, action)
+        if role == FABRIC and res and action == UPDATE and not fabric_reruns(res):
+            then = FABRIC_STORED
+        rows.append(Row(node, role, action, causes, then))
     rows.sort(key=lambda r: (order.index(r.node), ROLE_ORDER.index(r.role)))
     errors = tuple(str(d.get("message", "")).strip() for d in preview.get("diagnostics") or []
                    if isinstance(d, dict) and d.get("severity") == "error")

@@ -71,7 +71,7 @@ def node_script(spec: ClusterSpec, node: NodeSpec) -> str:
     name = shlex.quote(commands.container_name(spec, ROLE))
     bound = spec.fabric_check.timeout + DOCKER_MARGIN_S
     return "\n".join([
-        *commands._prelude(spec, node, "fabric check"),
+        *commands.prelude(spec, node, "fabric check"),
         f"name={name}",
         'gone() { docker rm -f "$name" >/dev/null 2>&1 || true; }',
         "gone",  # a killed earlier run's container

@@ -74,6 +74,11 @@ class Run:
                 and not s.type.startswith("pulumi:providers:")}
 
 
+# the fabric check and its gate (components/fabric_check.py): a change of what it measures (an
+# env value, an identity, the image) measures again, in place, before any container changes
+FABRIC = {"fabric-check", "fabric-gate"}
+
+
 # every spark-vllm container on a node, its state and its last log lines (docker exec, not SSH:
 # it works when a test broke a node's SSH)
 _SNAPSHOT_SH = (

@@ -12,6 +12,7 @@ import pytest
 from lab import cluster, config
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import (
+    FABRIC,
     STACK,
     Lab,
     Run,
@@ -191,12 +192,13 @@ def test_2b_refresh_keeps_a_healthy_stack(lab2: Lab) -> None:
 def test_3_env_change_replaces_the_chain_in_order(lab2: Lab) -> None:
     lab2.set("env", {"NCCL_DEBUG": "INFO"})
     preview = ok(lab2.preview())
-    assert set(preview.changed()) == set(CHAIN), preview.changed()
+    assert set(preview.changed()) == {*CHAIN, *FABRIC}, preview.changed()
     before = containers(NODES)
     since = time.time()
     run = ok(lab2.up())
     until = time.time()
-    assert set(run.changed()) == set(CHAIN)
+    assert set(run.changed()) == {*CHAIN, *FABRIC}
+    assert {run.changed()[n] for n in FABRIC} == {"update"}  # measured again; no new id
     assert_ordered_replacement(run, before, since, until, CHAIN)
     after = containers(NODES)
     assert not {c.id for c in before} & {c.id for c in after}
@@ -204,6 +206,42 @@ def test_3_env_change_replaces_the_chain_in_order(lab2: Lab) -> None:
     print("env change step order:", [f"{op}:{name}" for op, name in run.ops("done")
                                      if op != "same"])
     print(f"env change: {run.seconds:.1f} s")
+
+
+def test_3b_a_refused_fabric_stops_the_up_before_any_container_changes(lab2: Lab) -> None:
+    """The fabric check gates every container (components/fabric_check.py): the lab's image has
+    no torch, so with `onUnavailable: refuse` an env change (which would replace the whole
+    chain) stops at the gate, with the check's own message and no traceback; the deployment
+    that serves keeps serving, untouched. The next `up` measures again (its last run refused)
+    and goes on."""
+    before = containers(NODES)
+    since = time.time()
+    lab2.set("fabricCheck", {"onUnavailable": "refuse"})
+    lab2.set("env", {"NCCL_DEBUG": "WARN"})
+    try:
+        run = lab2.up()
+        assert run.error is not None
+        text = run.error
+        assert "fabric check could not run (node-1: torch is not importable" in text, text[-3000:]
+        assert "Nothing started" in text and "fabricCheck.onUnavailable" in text
+        assert "Traceback" not in text and "unhandled exception" not in text, text[-3000:]
+        assert containers(NODES) == before  # nothing stopped, nothing started
+        events = docker_events(NODES, since, time.time())
+        assert [e for e in events if e.role != "fabric-check"] == [], events
+        # the check's short-lived container ran on each node and is gone
+        assert {e.node for e in events if e.action == "destroy"} == set(NODES), events
+        assert node_sh("node-1", "docker ps -aq --filter label=spark-vllm.role=fabric-check")\
+            .strip() == ""
+        assert_serving(lab2, lab_identities())
+        assert lab2.outputs()["fabric"]["outcome"] == "warn"  # the last up's: the stack's
+    finally:  # outputs are those of the last successful `up`
+        lab2.set("fabricCheck", {"onUnavailable": "warn"})
+        lab2.set("env", {"NCCL_DEBUG": "INFO"})
+    again = ok(lab2.up())  # the triggers are the old ones: it runs because it refused
+    assert set(again.changed()) == FABRIC, again.changed()
+    assert containers(NODES) == before
+    fabric = lab2.outputs()["fabric"]
+    assert fabric["outcome"] == "warn" and "onUnavailable: warn" in fabric["message"]
 
 
 def test_4_identity_change_moves_the_head(lab2: Lab) -> None:
@@ -214,7 +252,8 @@ def test_4_identity_change_moves_the_head(lab2: Lab) -> None:
     run = ok(lab2.up())
     until = time.time()
     # the image and memory checks ask the nodes at their identity: they run again, and pass
-    assert set(run.changed()) == {*CHAIN, "node-1-preflight", "image-check", "memory-check"}
+    assert set(run.changed()) == {*CHAIN, *FABRIC, "node-1-preflight", "image-check",
+                                  "memory-check"}
     assert_ordered_replacement(run, before, since, until, CHAIN)
     identities = {**lab_identities(), "node-1": head.spare_ip}
     assert_serving(lab2, identities)
