@@ -20,6 +20,11 @@ says the node may need a reboot: repeated vLLM restarts leaked unified memory on
 until it needed a physical reset (eugr/spark-vllm-docker#257, ~35 automatic restarts). Run it
 under systemd (docs/operations.md).
 
+`--fabric` runs the stack's fabric check now (components/fabric_check.py: the command it
+deployed, on every node at once) and judges it against the baseline the stack holds, without
+moving that baseline or touching what runs (the check has its own containers and port). Its
+figures are taken beside the serving deployment, whose traffic shares the fabric.
+
 Needs what `pulumi` needs: the CLI on PATH, the backend and passphrase in the environment.
 """
 
@@ -342,6 +347,51 @@ def collect(stack: Any) -> Report:
     return report
 
 
+FABRIC_CHECK_NAME = "fabric-check"  # components/fabric_check.py: the check's dynamic resource
+
+
+def fabric(stack: Any) -> tuple[int, dict[str, Any], str]:
+    """`--fabric`: the stack's fabric check, run now on every node (its deployed command, the
+    stack's key), judged against the baseline the stack holds; the baseline is not moved and
+    nothing that runs is touched: the check's containers have their own name and port
+    (masterPort+10), and end with it. Exit 0: passed; 1: refused or degraded; 2: no verdict
+    (it could not run, or the stack has none)."""
+    from pulumi import automation as auto
+
+    from .components import fabric_check
+
+    key = config_secret(stack, "sshPrivateKey")
+    if key is None:
+        raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set")
+    try:
+        resources = list(stack.export_stack().deployment.get("resources") or [])
+    except auto.CommandError as err:
+        raise errors.from_pulumi(err, f"reading the state of stack {stack.name}") from None
+    found = next((r for r in resources if r.get("urn", "").endswith(f"::{FABRIC_CHECK_NAME}")
+                  and r.get("type") == "pulumi-python:dynamic:Resource"), None)
+    if found is None:
+        raise LookupError(f"stack {stack.name} has no fabric check: one node (no fabric), or "
+                          "deployed by a spark-vllm without it (`pulumi up` adds it)")
+    props, outs = found.get("inputs") or {}, found.get("outputs") or {}
+    baseline = outs.get("baseline") or None
+    verdict, when = fabric_check.measure(fabric_check.targets(props, key),
+                                         fabric_check.settings_of(props), baseline)
+    code = {"pass": 0, "warn": 1, "refuse": 1}.get(verdict.outcome, 2)
+    if verdict.outcome == "warn" and "could not run" in verdict.message:
+        code = 2
+    report = {"stack": stack.name, "checkedAt": when, "outcome": verdict.outcome,
+              "message": verdict.message, "pairs": verdict.pairs,
+              "baseline": baseline, "lastUp": {k: outs.get(k) for k in ("outcome", "checkedAt")}}
+    lines = [f"stack {stack.name}: fabric check, {when}", verdict.message]
+    for p in verdict.pairs if verdict.outcome in ("pass", "warn") else []:
+        lines.append(f"  {p.get('pair')}: 8 KiB {p.get('latency8kUs')} µs, 64 KiB "
+                     f"{p.get('latency64kUs')} µs, bus bandwidth {p.get('busBandwidthGBs')} GB/s, "
+                     f"{p.get('transport')}")
+    lines.append("(run beside the deployment: its traffic shares the fabric and can lower these "
+                 "figures; the stack's baseline is kept as it is)")
+    return code, report, "\n".join(lines)
+
+
 def _repair(stack: Any) -> bool:
     from pulumi import automation as auto
 
@@ -465,9 +515,16 @@ def main(argv: list[str] | None = None, prog: str = "python -m spark_vllm.status
     ap.add_argument("--memory-wait", type=float, default=MEMORY_WAIT_S,
                     help="seconds a stopped vLLM's memory may take to come back (30)")
     ap.add_argument("--max-backoff", type=float, default=900, help="longest wait, s (900)")
+    ap.add_argument("--fabric", action="store_true",
+                    help="run the fabric check now, against the stack's baseline (exit 0 "
+                         "passed, 1 refused or degraded, 2 no verdict)")
     args = ap.parse_args(argv)
     try:
         stack = select_stack(args.stack)
+        if args.fabric:
+            code, found, text = fabric(stack)
+            print(json.dumps(found, indent=2) if args.json else text)
+            return code
         if args.watch:
             return watch(stack, args.interval, args.max_repairs, args.max_backoff,
                          args.repair_window, args.memory_wait)

@@ -4,7 +4,10 @@ on the engine's step events and on what docker and Ray on the nodes say."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -13,6 +16,7 @@ from lab import cluster, config
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import (
     FABRIC,
+    REPO,
     STACK,
     Lab,
     Run,
@@ -20,6 +24,7 @@ from tests.integration.engine import (
     chat,
     containers,
     docker_events,
+    engine_env,
     node_sh,
     ray_nodes,
 )
@@ -242,6 +247,13 @@ def test_3b_a_refused_fabric_stops_the_up_before_any_container_changes(lab2: Lab
     assert containers(NODES) == before
     fabric = lab2.outputs()["fabric"]
     assert fabric["outcome"] == "warn" and "onUnavailable: warn" in fabric["message"]
+    # on demand, beside the serving stack: no verdict here (no torch), said, and nothing touched
+    proc = subprocess.run([sys.executable, "-m", "spark_vllm.status", "--stack", STACK,
+                           "--fabric"], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **engine_env()}, timeout=300)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "fabric check could not run (node-1: torch is not importable" in proc.stdout
+    assert containers(NODES) == before
 
 
 def test_4_identity_change_moves_the_head(lab2: Lab) -> None:

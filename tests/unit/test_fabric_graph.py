@@ -243,3 +243,67 @@ def test_the_gate_leaves_a_warning_to_the_checks_diagnostic() -> None:
     proc = subprocess.run(["sh", "-c", fc.gate_script(spec, "warn", "degraded")],
                           capture_output=True, text=True, timeout=10)
     assert proc.returncode == 0 and "degraded" not in proc.stdout + proc.stderr
+
+
+# --- `spark-vllm status --fabric` ----------------------------------------------------------
+
+class _Value:
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+
+class _Deployment:
+    def __init__(self, resources: list[dict[str, Any]]) -> None:
+        self.deployment = {"resources": resources}
+
+
+class FakeStack:
+    """What status reads of a stack: its config (the key) and its exported state."""
+
+    name = "lab"
+
+    def __init__(self, props: dict[str, Any], outputs: dict[str, Any]) -> None:
+        self.resources = [{"urn": "urn:pulumi:lab::spark-vllm::spark-vllm:fabric:FabricCheck$"
+                                  "pulumi-python:dynamic:Resource::fabric-check",
+                           "type": DYNAMIC, "inputs": props, "outputs": outputs}]
+
+    def get_config(self, key: str) -> _Value:
+        assert key == "spark-vllm:sshPrivateKey"
+        return _Value(SSH_KEY)
+
+    def export_stack(self) -> _Deployment:
+        return _Deployment(self.resources)
+
+
+@pytest.mark.parametrize(("bw", "code", "outcome"), [(20.0, 0, "pass"), (12.0, 1, "warn")])
+def test_status_fabric_measures_against_the_stacks_baseline_and_keeps_it(
+        monkeypatch: pytest.MonkeyPatch, bw: float, code: int, outcome: str) -> None:
+    from spark_vllm import status
+    from spark_vllm.components.fabric_verdict import verdict
+    from tests.unit.test_fabric_verdict import DEFAULT, pair
+
+    nodes = ("node-1", "node-2")
+    baseline = verdict(reports([pair(0, 1, nodes=nodes)], nodes=nodes), DEFAULT, None,
+                       "2026-11-30T10:00:00Z").baseline
+    now = {r["node"]: r for r in reports([pair(0, 1, bw=bw, nodes=nodes)], nodes=nodes)}
+    fake_ssh(monkeypatch, lambda t, script, timeout: subprocess.CompletedProcess(
+        [], 0, json.dumps(now[t.node]) + "\n", ""))
+    props = props_for()
+    props["privateKey"] = {"4dabf18193072939515e22adb298388d": "1b47061264138c4ac30d75fd1eb44270",
+                           "ciphertext": "v1:xyz"}  # as an export holds it: not this key
+    got, report, text = status.fabric(FakeStack(props, {"baseline": baseline,
+                                                        "outcome": "pass"}))
+    assert (got, report["outcome"]) == (code, outcome), text
+    assert report["baseline"] == baseline  # read, never written
+    assert "node-1-node-2" in text and "beside the deployment" in text
+    if outcome == "warn":
+        assert "bus bandwidth" in text and "baseline" in text
+
+
+def test_status_fabric_on_a_stack_without_the_check_says_why() -> None:
+    from spark_vllm import status
+
+    stack = FakeStack({}, {})
+    stack.resources = []
+    with pytest.raises(LookupError, match="no fabric check: one node"):
+        status.fabric(stack)
