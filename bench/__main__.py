@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import machine, preview_scale, report, scenarios, staging
+from bench import fabric, machine, preview_scale, report, scenarios, staging
 from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
     ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
     ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging", "copy",
-                                       BACKENDS],
+                                       "fabric", BACKENDS],
                     help="one scenario (its prerequisite steps run untimed-in-the-report)")
     ap.add_argument("--contenders", default=",".join(CHOICES),
                     help="comma-separated subset of %(default)s")
@@ -81,7 +81,7 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
                     runs += scenarios.lifecycle(c, lab, r, "env_change",
                                                 record={"cold_up", "env_change"})
                     save()
-            elif args.only not in (scenarios.JOIN, "staging", "copy"):
+            elif args.only not in (scenarios.JOIN, "staging", "copy", "fabric"):
                 for c in contenders:
                     runs += scenarios.lifecycle(c, lab, r, args.only)
                     save()
@@ -93,6 +93,10 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
         if args.only in (None, "staging") and len(lab.nodes) == 2 and sv is not None:
             say(f"model staging against plain rsync, {args.runs} run(s) each")
             staged += staging.run_all(sv, lab, args.runs)
+            save()
+        if args.only in (None, "fabric") and len(lab.nodes) == 2 and sv is not None:
+            say(f"the fabric check on up: {args.runs} run(s)")
+            staged += fabric.run_all(sv, args.runs)
             save()
         if args.only in (None, "copy") and len(lab.nodes) == 2 and sv is not None:
             say(f"model copy: N streams, one stream, raw TCP, {args.runs} run(s) each")

@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench import staging
+from bench import fabric, staging
 from bench.scenarios import SCENARIOS
 from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
 from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
@@ -65,6 +65,7 @@ def markdown(result: dict[str, Any]) -> str:
         mark = "–" if t.met is None else ("met" if t.met else "**missed**")
         lines.append(f"| {t.name} | {t.measured} | {mark} |")
     lines += ["", *staging.table(result.get("staging", [])),
+              *fabric.table(result.get("staging", [])),
               *staging.copy_table(result.get("staging", [])), *preview_table(preview),
               *profile_section(runs)]
     failures = [r for r in [*runs, *result.get("staging", [])] if not r["ok"]]

@@ -94,8 +94,8 @@ STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missi
                   "hashed where its files changed")
 COPIED = "the files this node lacks are copied to it over the fabric; nothing restarts for it"
 WEIGHTS_STAY = "nothing runs: the weights stay in hfCache"
-FABRIC_MEASURED = ("the fabric is measured on every node before vLLM's ranks start (a refusal "
-                   "stops the up there, before any rank); starts nothing")
+FABRIC_MEASURED = ("the fabric is measured before any container changes (a refusal stops the "
+                   "up there); starts nothing")
 FABRIC_STORED = "not measured again; nothing restarts"
 FABRIC_REFUSED = "its last run refused: measured again"
 FABRIC_REACH = "the SSH key, a node's address or the program's text is stored"
@@ -572,17 +572,23 @@ def fabric_causes(res: _Resource) -> tuple[str, ...]:
              for f in (old, new)]
     if list(nodes[0]) != list(nodes[1]):
         causes.append(_change("nodes", list(nodes[0]), list(nodes[1])))
+    per_node: dict[str, list[str]] = {}
     for name in (n for n in nodes[1] if n in nodes[0]):
         was, now = nodes[0][name], nodes[1][name]
+        said = per_node.setdefault(name, [])
         for key in sorted(was.keys() | now.keys()):
             if was.get(key) == now.get(key):
                 continue
             if key == "env" and isinstance(was.get(key), dict) and isinstance(now.get(key), dict):
-                causes += [f"nodes[{name}].{c}" for c in _env_causes(was[key], now[key], [])
-                           if not c.startswith(tuple(f"{f}:" for f in _FABRIC_NODE.values()))]
+                said += [c for c in _env_causes(was[key], now[key], [])
+                         if not c.startswith(tuple(f"{f}:" for f in _FABRIC_NODE.values()))]
             else:
-                causes.append(_change(f"nodes[{name}].{_FABRIC_NODE.get(key, key)}",
-                                      was.get(key), now.get(key)))
+                said.append(_change(_FABRIC_NODE.get(key, key), was.get(key), now.get(key)))
+    for name, said in per_node.items():  # a change on every node is said once, as the key
+        for c in said:
+            everywhere = len(per_node) > 1 and all(c in other for other in per_node.values())
+            text = c if everywhere else f"nodes[{name}].{c}"
+            causes += [text] if text not in causes else []
     settings: list[dict[str, Any]] = [
         v if isinstance(v := f.get("settings"), dict) else {} for f in (old, new)]
     causes += [_change(f"fabricCheck.{k}", settings[0].get(k), settings[1].get(k))

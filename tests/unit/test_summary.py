@@ -66,6 +66,7 @@ def ssh_key_rotated(*containers: tuple[str, str]) -> Rows:
         ("node-1", "image check", "update", f"{CONN}; {HEAD_STDIN}", AGAIN),
         ("node-1", "model", "update", CONN, summary.STAGED_ON_HEAD),
         ("node-1", "memory check", "update", f"{CONN}; {HEAD_STDIN}", MEMORY_AGAIN),
+        FABRIC_KEY,
         *[(node, role, "update", CONN if role != "gate" else
            f"{CONN}; the preflights' reports it compares are read again",
            AGAIN if role == "gate" else KEPT)
@@ -92,10 +93,22 @@ def memory_row(kind: str) -> tuple[str, str, str, str, str]:
     return ("node-1", "memory check", "replace", MEMORY_CAUSES[kind], MEMORY_AGAIN)
 
 
+# The fabric check (components/fabric_check.py) is updated in place, on the head's row: it
+# measures again when what it measures changes (the nodes' env, identities, the image, the
+# nodes), before any container changes; it starts nothing. One node left: nothing to check.
+def fabric_row(cause: str) -> tuple[str, str, str, str, str]:
+    return ("node-1", "fabric check", "update", cause, summary.FABRIC_MEASURED)
+
+
+FABRIC_GONE = ("node-1", "fabric check", "delete", "removed from the program", CHECK)
+FABRIC_KEY = ("node-1", "fabric check", "update", summary.FABRIC_REACH, summary.FABRIC_STORED)
+
+
 Rows = list[tuple[str, str, str, str, str]]
 EXPECTED: dict[str, Rows] = {
     "noop": [HEAD_KEPT, GATE_KEPT, VLLM_KEPT, WORKER_KEPT],
     "env": [
+        fabric_row(ENV),
         ("node-1", "Ray head", "replace", ENV, RAY),
         ("node-1", "gate", "replace", BOTH, CHECK),
         ("node-1", "vLLM", "replace", ENV, RELOAD),
@@ -105,6 +118,7 @@ EXPECTED: dict[str, Rows] = {
         ("node-1", "preflight", "replace", IDENTITY, CHECK),
         IMAGES_AGAIN,  # where it asks the nodes is its stdin: it runs again
         memory_row("identity"),
+        fabric_row(f"nodes[node-1].{IDENTITY}"),
         ("node-1", "Ray head", "replace", IDENTITY, RAY),
         ("node-1", "gate", "replace", BOTH, CHECK),
         ("node-1", "vLLM", "replace", IDENTITY, RELOAD),
@@ -117,6 +131,7 @@ EXPECTED: dict[str, Rows] = {
         # it downloads with the image when the model is missing: it looks again (hashing
         # nothing that did not change), and no copy runs for it
         ("node-1", "model", "replace", IMAGE_CHANGE, summary.STAGED_ON_HEAD),
+        fabric_row(IMAGE_CHANGE),
         ("node-1", "Ray head", "replace", IMAGE_CHANGE, RAY),
         ("node-1", "gate", "replace", BOTH, CHECK),
         ("node-1", "vLLM", "replace", IMAGE_CHANGE, RELOAD),
@@ -132,6 +147,7 @@ EXPECTED: dict[str, Rows] = {
     "node-added": [
         ("node-1", "image check", "replace", NODES_ADDED, CHECK),
         memory_row("node-added"),
+        fabric_row(NODES_ADDED),
         HEAD_KEPT,
         ("node-1", "gate", "replace", "Ray worker node-3 added", CHECK),
         ("node-1", "vLLM", "replace", f"{TP_3}; Ray worker node-3 added", RELOAD),
@@ -143,6 +159,7 @@ EXPECTED: dict[str, Rows] = {
     "node-removed": [
         ("node-1", "image check", "replace", NODES_REMOVED, CHECK),
         memory_row("node-removed"),
+        FABRIC_GONE,
         HEAD_KEPT,
         ("node-1", "gate", "replace", "Ray worker node-2 removed", CHECK),
         ("node-1", "vLLM", "replace", f"{TP_1}; Ray worker node-2 removed", RELOAD),
@@ -173,6 +190,7 @@ EXPECTED: dict[str, Rows] = {
 NATIVE_EXPECTED: dict[str, Rows] = {
     "noop": [VLLM_KEPT, RANK_KEPT],
     "env": [
+        fabric_row(ENV),
         ("node-1", "vLLM", "replace", ENV, RELOAD),
         ("node-2", "vLLM rank", "replace", ENV, RANK),
     ],
@@ -181,6 +199,7 @@ NATIVE_EXPECTED: dict[str, Rows] = {
         ("node-1", "preflight", "replace", IDENTITY, CHECK),
         IMAGES_AGAIN,
         memory_row("identity"),
+        fabric_row(f"nodes[node-1].{IDENTITY}"),
         ("node-1", "vLLM", "replace", f"{IDENTITY}; {MASTER}", RELOAD),
         ("node-2", "vLLM rank", "replace", MASTER, RANK),
     ],
@@ -188,6 +207,7 @@ NATIVE_EXPECTED: dict[str, Rows] = {
         ("node-1", "preflight", "replace", IMAGE_CHANGE, CHECK),
         ("node-1", "image check", "replace", IMAGE_CHANGE, CHECK),
         ("node-1", "model", "replace", IMAGE_CHANGE, summary.STAGED_ON_HEAD),
+        fabric_row(IMAGE_CHANGE),
         ("node-1", "vLLM", "replace", IMAGE_CHANGE, RELOAD),
         ("node-2", "preflight", "replace", IMAGE_CHANGE, CHECK),
         ("node-2", "vLLM rank", "replace", IMAGE_CHANGE, RANK),
@@ -201,6 +221,7 @@ NATIVE_EXPECTED: dict[str, Rows] = {
     "node-added": [
         ("node-1", "image check", "replace", NODES_ADDED, CHECK),
         memory_row("node-added"),
+        fabric_row(NODES_ADDED),
         ("node-1", "vLLM", "replace", f"{TP_3}; nnodes: 2 → 3; vLLM rank on node-3 added",
          RELOAD),
         ("node-2", "vLLM rank", "replace", f"{TP_3}; nnodes: 2 → 3; vLLM rank on node-3 added",
@@ -213,6 +234,7 @@ NATIVE_EXPECTED: dict[str, Rows] = {
     "node-removed": [
         ("node-1", "image check", "replace", NODES_REMOVED, CHECK),
         memory_row("node-removed"),
+        FABRIC_GONE,
         ("node-1", "vLLM", "replace", f"{TP_1}; nnodes: 2 → 1; vLLM rank on node-2 removed",
          RELOAD),
         ("node-2", "preflight", "delete", "node removed", CHECK),
@@ -370,7 +392,8 @@ def test_each_native_kind_gives_its_rows(kind: str) -> None:
 # resource name of a row (components/program.py and the components' names)
 _RESOURCE = {"preflight": "{node}-preflight", "image check": "image-check",
              "model": "model-stage", "model copy": "model-copy-{node}",
-             "memory check": "memory-check", "Ray head": "ray-head",
+             "memory check": "memory-check", "fabric check": "fabric-check",
+             "Ray head": "ray-head",
              "Ray worker": "ray-worker-{node}", "gate": "ray-gate",
              "vLLM rank": "vllm-rank-{node}"}
 _ROW_ACTION = {"same": "keep", "replace": "replace", "create": "create", "delete": "delete",
@@ -383,8 +406,11 @@ def test_the_expected_rows_are_the_captures_plan(backend: str, kind: str) -> Non
     delete is a row with that action, and every row's resource has that op in the capture (a
     kept check, model or copy is no row)."""
     steps = json.loads(fixture_path(kind, backend).read_text())["steps"]
+    # the commands, and the fabric check (a dynamic resource: its gate is no row of its own)
     ops = {s["urn"].split("::")[-1]: s["op"] for s in steps
-           if s["urn"].split("::")[2].endswith("command:remote:Command")}
+           if s["urn"].split("::")[2].endswith("command:remote:Command")
+           or s["urn"].endswith("::fabric-check")}
+    ops.pop("fabric-gate", None)
     vllm = "vllm-leader" if backend == "native" else "vllm-serve"
     expected = TABLES[backend][kind]
     named: dict[str, str] = {}  # resource name -> the row's action
@@ -561,7 +587,8 @@ def test_text_mode_aligns_the_columns() -> None:
     lines = [ln for ln in text.splitlines() if ln.startswith(("NODE", "node-"))]
     assert len(lines) == 1 + len(EXPECTED["node-added"])
     col = lines[0].index("ACTION")
-    assert all(ln[col:].split()[0] in ("ACTION", "keep", "create", "replace") for ln in lines)
+    assert all(ln[col:].split()[0] in ("ACTION", "keep", "create", "replace", "update")
+               for ln in lines)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -652,3 +679,20 @@ def test_fixtures_are_real_previews_of_the_lab_stack(backend: str) -> None:
         assert "spark-vllm:memory:MemoryCheck" in types, f"{kind}: captured before the memory check"
         assert _TYPES[backend] <= types, kind
         assert not types & _TYPES["native" if backend == "ray" else "ray"], kind
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_fabric_check_that_refused_runs_again_and_says_why(backend: str) -> None:
+    """The noop capture with the fabric check updated because its last run refused (its
+    triggers unchanged): it measures again, first; nothing restarts; its gate is no row."""
+    doc = preview("noop", backend)
+    step = next(s for s in doc["steps"] if s["urn"].endswith("::fabric-check"))
+    step["op"] = "update"
+    step["oldState"]["outputs"]["outcome"] = "refuse"
+    gate = next(s for s in doc["steps"] if s["urn"].endswith("::fabric-gate"))
+    gate.update(op="update", diffReasons=["create"])
+    s = summary.summarize(doc)
+    assert [r for r in rows(s) if r[2] != "keep"] == [
+        ("node-1", "fabric check", "update", summary.FABRIC_REFUSED, summary.FABRIC_MEASURED)]
+    assert s.other_changes == 0
+    assert summary.headline(s) == "Nothing restarts: only checks run again."
