@@ -75,8 +75,10 @@ class Run:
 
 
 # the fabric check and its gate (components/fabric_check.py): a change of what it measures (an
-# env value, an identity, the image) measures again, in place, before any container changes
+# env value, an identity, the image) measures again, in place, before any container changes;
+# its gate changes only when the verdict does (on the lab: "could not run", every time)
 FABRIC = {"fabric-check", "fabric-gate"}
+REMEASURED = "fabric-check"
 
 
 # every spark-vllm container on a node, its state and its last log lines (docker exec, not SSH:

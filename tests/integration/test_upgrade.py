@@ -34,6 +34,7 @@ from lab import cluster, keys
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import (
     FABRIC,
+    REMEASURED,
     REPO,
     STACK,
     Lab,
@@ -153,11 +154,11 @@ def test_2_the_upgrade_previews_no_replacement_and_restarts_nothing(lab2: Lab) -
 def test_3_an_intended_change_still_replaces_the_chain_in_order(lab2: Lab) -> None:
     lab2.set("env", {"NCCL_DEBUG": "INFO"})
     preview = ok(lab2.preview())
-    assert set(preview.changed()) == {*CONTAINERS, *FABRIC}, preview.changed()
+    assert set(preview.changed()) == {*CONTAINERS, REMEASURED}, preview.changed()
     before, old = running(), containers(NODES)
     since = time.time()
     run = ok(lab2.up())
-    assert set(run.changed()) == {*CONTAINERS, *FABRIC}, run.changed()
+    assert set(run.changed()) == {*CONTAINERS, REMEASURED}, run.changed()
     assert_ordered_replacement(run, old, since, time.time(),
                                ["vllm-serve", "ray-gate", "ray-worker-node-2", "ray-head"])
     after = running()
