@@ -19,9 +19,10 @@ slower of the pair's two ranks. It reads which transport NCCL chose from its own
 so (`sharedGpu`): its figures are the GPU's time slicing between two processes, not a fabric.
 
 `--world-size 1` (NCCL only) is a self-test of this node's GPU and NCCL, never a fabric check:
-one rank initialises NCCL, times the same all-reduces on its own ("ranks": [0]; bus bandwidth
-is 0 by nccl-tests' formula, 2(n-1)/n, and `algBandwidthGBs` is the local copy's), and reports
-NCCL's version and the transport `none` (NCCL connected no peer). Two ranks on one GPU are
+one rank initialises NCCL, times the same all-reduces on its own ("ranks": [0]: NCCL's launch
+and completion, no data crosses anything; bus bandwidth is 0 by nccl-tests' formula, 2(n-1)/n),
+and reports NCCL's version, the network it loaded (`ncclNetwork`) and the transport `none`
+(NCCL connected no peer). `ncclNodes` is how many hosts NCCL counted. Two ranks on one GPU are
 refused by NCCL ("Duplicate GPU detected", NCCL 2.28): said as such (`"cause": "duplicate-gpu"`).
 `--keep-logs DIR` copies torch's and NCCL's logs there before the temporary directory goes (a
 recording aid; the program never passes it).
@@ -163,8 +164,11 @@ def nccl_transport(tmp, world_size=None):
             text += f.read()
     via = re.findall(r"\bvia (\S+)", text)
     network = re.findall(r"Using network (\w+)", text)
-    # `ncclCommInitRank… nranks N … Init START/COMPLETE` (NCCL 2.19-2.28)
+    # `ncclCommInitRankConfig comm 0x… rank 0 nranks N … - Init START` and `comm 0x… rank 0
+    # nRanks N nNodes H localRanks L …`: the hosts NCCL counted (github.com/NVIDIA/nccl
+    # src/init.cc at v2.28.9-1)
     nranks = {int(n) for n in re.findall(r"\bnranks (\d+)\b", text)}
+    nodes = [int(n) for n in re.findall(r"\bnNodes (\d+)\b", text)]
     hcas = []
     for m in re.finditer(r"NET/IB : Using ((?:\[\d+\]\S+ ?)+)", text):
         hcas += [h.split("/")[0] for h in re.findall(r"\[\d+\](\S+)", m.group(1))]
@@ -187,6 +191,7 @@ def nccl_transport(tmp, world_size=None):
     return {"transport": transport, "gdr": any("GDRDMA" in v for v in via),
             "hcas": sorted(set(hcas)), "socketInterfaces": sorted(set(sockets)),
             "ncclNetwork": network[0] if network else None,
+            "ncclNodes": max(nodes) if nodes else None,
             "ncclVersion": (re.findall(r"NCCL version (\S+)", text) or [None])[0]}
 
 
