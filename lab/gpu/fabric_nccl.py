@@ -25,6 +25,7 @@ The scenarios. One GPU holds every rank, with the loopback interface as the fabr
   connects them with its network transport, NET/Socket over lo: real inter-"node" NCCL lines,
   with figures that are the GPU's time slicing between processes, not a fabric.
 Every rank runs with NVLink multicast off (NCCL_NVLS_ENABLE=0 …), as the machine requires.
+The record of a run and how its files reached the machine: tests/fixtures/fabric-nccl/README.md.
 """
 
 from __future__ import annotations
