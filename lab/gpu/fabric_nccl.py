@@ -23,7 +23,9 @@ The scenarios. One GPU holds every rank, with the loopback interface as the fabr
   name), which the program never sets: NCCL then takes the ranks for separate hosts (its host
   hash is NCCL_HOSTID's, github.com/NVIDIA/nccl src/misc/utils.cc getHostHash at v2.28.9-1) and
   connects them with its network transport, NET/Socket over lo: real inter-"node" NCCL lines,
-  with figures that are the GPU's time slicing between processes, not a fabric.
+  with figures that are the GPU's time slicing between processes, not a fabric;
+- `two-hosts-ibhca`: the same with the nodes' ibHca set (NCCL_IB_HCA) on a machine with no IB
+  device: the field's silent fallback to TCP sockets, which the verdict must name.
 Every rank runs with NVLink multicast off (NCCL_NVLS_ENABLE=0 …), as the machine requires.
 The record of a run and how its files reached the machine: tests/fixtures/fabric-nccl/README.md.
 """
@@ -43,12 +45,15 @@ from typing import Any
 
 MULTICAST_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
                  "NVSHMEM_DISABLE_NVLS": "1"}
-# name, nodes, NCCL_HOSTID per rank, what the scenario shows
+# name, nodes, NCCL_HOSTID per rank, the nodes' ibHca, what the scenario shows
 SCENARIOS = (
-    ("one-gpu-two-ranks", 2, False, "two ranks on one GPU, as the program runs them"),
-    ("self-test", 1, False, "--world-size 1: NCCL on this GPU alone"),
-    ("two-hosts-one-gpu", 2, True, "NCCL_HOSTID per rank: NET/Socket over lo"),
-    ("three-hosts-one-gpu", 3, True, "NCCL_HOSTID per rank: three pairs, NET/Socket over lo"),
+    ("one-gpu-two-ranks", 2, False, None, "two ranks on one GPU, as the program runs them"),
+    ("self-test", 1, False, None, "--world-size 1: NCCL on this GPU alone"),
+    ("two-hosts-one-gpu", 2, True, None, "NCCL_HOSTID per rank: NET/Socket over lo"),
+    ("three-hosts-one-gpu", 3, True, None,
+     "NCCL_HOSTID per rank: three pairs, NET/Socket over lo"),
+    ("two-hosts-ibhca", 2, True, "rocep1s0f1,roceP2p1s0f1",
+     "ibHca set (a Spark's two HCAs) where no IB device is: NCCL falls back to NET/Socket"),
 )
 MARGIN_S = 30  # ours over the script's own deadline
 
@@ -60,9 +65,10 @@ def plan(path: str) -> None:
     from components.spec import parse_spec
 
     out = []
-    for k, (name, n, hostid, what) in enumerate(SCENARIOS):
+    for k, (name, n, hostid, hca, what) in enumerate(SCENARIOS):
         raw = {"nodes": [{"name": f"n{i}", "host": f"127.0.0.{i + 1}", "gpus": 1,
-                          "fabricIp": f"127.0.0.{i + 1}", "fabricInterface": "lo"}
+                          "fabricIp": f"127.0.0.{i + 1}", "fabricInterface": "lo",
+                          **({"ibHca": hca} if hca else {})}
                          for i in range(n)],
                "image": "vllm/vllm-openai:v0.26.0", "model": "Qwen/Qwen3-0.6B",
                "tensorParallelSize": n, "insecureAcceptAnyHostKey": True,
