@@ -154,14 +154,19 @@ def check_interfaces():
     return found
 
 
-def nccl_transport(tmp, world_size=None):
-    """What NCCL chose, from its INFO lines (NCCL_DEBUG_FILE, unbuffered). A communicator of one
-    rank connects no peer: its transport is `none`, whatever network NCCL loaded
-    (`ncclNetwork`)."""
+def nccl_lines(tmp):
+    """What NCCL wrote (NCCL_DEBUG_FILE, unbuffered), every process's file."""
     text = ""
     for path in sorted(glob.glob(os.path.join(tmp, "nccl.*.log"))):
         with open(path, errors="replace") as f:
             text += f.read()
+    return text
+
+
+def nccl_transport(tmp, world_size=None):
+    """What NCCL chose, from its INFO lines. A communicator of one rank connects no peer: its
+    transport is `none`, whatever network NCCL loaded (`ncclNetwork`)."""
+    text = nccl_lines(tmp)
     via = re.findall(r"\bvia (\S+)", text)
     network = re.findall(r"Using network (\w+)", text)
     # `ncclCommInitRankConfig comm 0x… rank 0 nranks N … - Init START` and `comm 0x… rank 0
@@ -250,7 +255,7 @@ def child(args, send, tmp, deadline):
     try:
         dist.all_reduce(torch.zeros(1, device=device))
     except Exception as err:
-        line = same_gpu(str(err))
+        line = same_gpu(str(err)) or same_gpu(nccl_lines(tmp))  # torch's "Last error", or NCCL's
         if line is None:
             raise
         return {"status": "error", "phase": "init", "cause": "duplicate-gpu",
