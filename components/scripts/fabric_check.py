@@ -4,7 +4,7 @@ Run once per node, in the serving image with exactly the env the ranks get (stdl
 only; the program sends it on stdin: `python3 - ARGS`):
 
   --rank R --world-size N --master-addr IP --master-port P --backend gloo|nccl
-  [--node NAME] [--bandwidth-bytes B] [--deadline S]
+  [--node NAME] [--bandwidth-bytes B] [--deadline S] [--keep-logs DIR]
 
 The nodes form one group over rank 0's identity IP (torch's TCP rendezvous, bounded). For each
 pair of nodes it measures the all-reduce latency of 8 KiB and 64 KiB messages (what tensor
@@ -15,7 +15,17 @@ bandwidth is nccl-tests' busbw: algbw × 2(n-1)/n for an all-reduce of n ranks, 
 time, GB = 10^9 bytes (github.com/NVIDIA/nccl-tests doc/PERFORMANCE.md). Each figure is the
 slower of the pair's two ranks. It reads which transport NCCL chose from its own INFO lines
 (`via NET/IB…`, `…/GDRDMA`, `via NET/Socket…`, `NET/IB : Using [0]HCA:1/RoCE`); gloo reports
-`gloo/tcp`.
+`gloo/tcp`. Each rank reports its GPU (name, UUID); a pair whose two ranks ran on one GPU says
+so (`sharedGpu`): its figures are the GPU's time slicing between two processes, not a fabric.
+
+`--world-size 1` (NCCL only) is a self-test of this node's GPU and NCCL, never a fabric check:
+one rank initialises NCCL, times the same all-reduces on its own ("ranks": [0]: NCCL's launch
+and completion, no data crosses anything; bus bandwidth is 0 by nccl-tests' formula, 2(n-1)/n),
+and reports NCCL's version, the network it loaded (`ncclNetwork`) and the transport `none`
+(NCCL connected no peer). `ncclNodes` is how many hosts NCCL counted. Two ranks on one GPU are
+refused by NCCL ("Duplicate GPU detected", NCCL 2.28): said as such (`"cause": "duplicate-gpu"`).
+`--keep-logs DIR` copies torch's and NCCL's logs there before the temporary directory goes (a
+recording aid; the program never passes it).
 
 Prints exactly one JSON line on stdout (rank 0: every pair's figures; other ranks: their own
 report) and exits:
@@ -90,10 +100,13 @@ def parse(argv):
     p.add_argument("--node", default=socket.gethostname())
     p.add_argument("--bandwidth-bytes", type=int, default=DEFAULT_BANDWIDTH_BYTES)
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S)
+    p.add_argument("--keep-logs", default=None)
     a = p.parse_args(argv)
-    if a.world_size < 2 or not 0 <= a.rank < a.world_size:
-        raise UsageError(f"--rank {a.rank} --world-size {a.world_size}: at least two ranks, "
-                    "0 <= rank < world size")
+    least = 1 if a.backend == "nccl" else 2
+    if a.world_size < least or not 0 <= a.rank < a.world_size:
+        raise UsageError(f"--rank {a.rank} --world-size {a.world_size}: at least two ranks (one "
+                         "only with --backend nccl: a self-test of the node's GPU), 0 <= rank < "
+                         "world size")
     if not 4096 <= a.bandwidth_bytes <= MAX_BANDWIDTH_BYTES or a.bandwidth_bytes % 4:
         raise UsageError(f"--bandwidth-bytes {a.bandwidth_bytes}: a multiple of 4 from 4096 to "
                     f"{MAX_BANDWIDTH_BYTES} (256 MiB)")
@@ -141,13 +154,26 @@ def check_interfaces():
     return found
 
 
-def nccl_transport(tmp):
-    """What NCCL chose, from its INFO lines (NCCL_DEBUG_FILE, unbuffered)."""
+def nccl_lines(tmp):
+    """What NCCL wrote (NCCL_DEBUG_FILE, unbuffered), every process's file."""
     text = ""
     for path in sorted(glob.glob(os.path.join(tmp, "nccl.*.log"))):
         with open(path, errors="replace") as f:
             text += f.read()
+    return text
+
+
+def nccl_transport(tmp, world_size=None):
+    """What NCCL chose, from its INFO lines. A communicator of one rank connects no peer: its
+    transport is `none`, whatever network NCCL loaded (`ncclNetwork`)."""
+    text = nccl_lines(tmp)
     via = re.findall(r"\bvia (\S+)", text)
+    network = re.findall(r"Using network (\w+)", text)
+    # `ncclCommInitRankConfig comm 0x… rank 0 nranks N … - Init START` and `comm 0x… rank 0
+    # nRanks N nNodes H localRanks L …`: the hosts NCCL counted (github.com/NVIDIA/nccl
+    # src/init.cc at v2.28.9-1)
+    nranks = {int(n) for n in re.findall(r"\bnranks (\d+)\b", text)}
+    nodes = [int(n) for n in re.findall(r"\bnNodes (\d+)\b", text)]
     hcas = []
     for m in re.finditer(r"NET/IB : Using ((?:\[\d+\]\S+ ?)+)", text):
         hcas += [h.split("/")[0] for h in re.findall(r"\[\d+\](\S+)", m.group(1))]
@@ -163,12 +189,31 @@ def nccl_transport(tmp):
         transport = net[0].split("/")[0] + "/" + net[0].split("/")[1]
     elif via:
         transport = via[0].split("/")[0]  # P2P, SHM: ranks on one host
+    elif nranks == {1} or (world_size == 1 and not nranks):
+        transport = "none"  # one rank: no peer, no inter-node transport used
     else:
-        m = re.search(r"Using network (\w+)", text)
-        transport = f"NET/{m.group(1)}" if m else "unknown"
+        transport = f"NET/{network[0]}" if network else "unknown"
     return {"transport": transport, "gdr": any("GDRDMA" in v for v in via),
             "hcas": sorted(set(hcas)), "socketInterfaces": sorted(set(sockets)),
+            "ncclNetwork": network[0] if network else None,
+            "ncclNodes": max(nodes) if nodes else None,
             "ncclVersion": (re.findall(r"NCCL version (\S+)", text) or [None])[0]}
+
+
+# NCCL's refusals of two ranks on one GPU: 2.28 (init.cc), and 2.30's wording
+SAME_GPU = re.compile(r"(Duplicate GPU detected[^\n]*|Multiple Ranks are using the same GPU[^\n]*)")
+
+
+def same_gpu(text):
+    """NCCL's own line when it refused two ranks on one GPU, else None."""
+    m = SAME_GPU.search(text)
+    return m.group(1).strip() if m else None
+
+
+def gpu_of(torch):
+    props = torch.cuda.get_device_properties(0)
+    uuid = getattr(props, "uuid", None)
+    return {"name": props.name, "uuid": str(uuid) if uuid is not None else None}
 
 
 def child(args, send, tmp, deadline):
@@ -207,7 +252,16 @@ def child(args, send, tmp, deadline):
                             timeout=datetime.timedelta(seconds=left))
     # one collective while still in `init`: NCCL creates its communicator (and connects) on
     # the first one, so a hang there is named as the rendezvous, not as a measurement
-    dist.all_reduce(torch.zeros(1, device=device))
+    try:
+        dist.all_reduce(torch.zeros(1, device=device))
+    except Exception as err:
+        line = same_gpu(str(err)) or same_gpu(nccl_lines(tmp))  # torch's "Last error", or NCCL's
+        if line is None:
+            raise
+        return {"status": "error", "phase": "init", "cause": "duplicate-gpu",
+                "error": f"NCCL refused two ranks on one GPU ({line}): every node's rank needs "
+                         "a GPU of its own; two of the stack's nodes are one machine, or share "
+                         "its GPU"}
 
     def sync():
         if device is not None:
@@ -231,11 +285,12 @@ def child(args, send, tmp, deadline):
         return t.tolist()
 
     n = args.world_size
-    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+    # every pair; a world of one (the NCCL self-test) measures its one rank alone
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)] or [(0,)]
     measured = []
-    for i, j in pairs:
-        group = None if n == 2 else dist.new_group([i, j])
-        if args.rank in (i, j):
+    for members in pairs:
+        group = None if n <= 2 else dist.new_group(list(members))
+        if args.rank in members:
             send({"phase": "latency"})
             lat = [median_s(torch.zeros(size // 4, dtype=torch.float32, device=device), group,
                             LATENCY_WARMUP, LATENCY_ITERS) for size in LATENCY_BYTES]
@@ -244,11 +299,14 @@ def child(args, send, tmp, deadline):
             bw_s = median_s(big, group, BANDWIDTH_WARMUP, BANDWIDTH_ITERS)
             del big
             lat8, lat64, bw_s = slowest([*lat, bw_s], group)
-            # nccl-tests: busbw = algbw * 2(n-1)/n for an all-reduce of n ranks (here a pair)
-            busbw = args.bandwidth_bytes / bw_s * 2 * (2 - 1) / 2 / 1e9
-            measured.append({"ranks": [i, j], "latency8kUs": round(lat8 * 1e6, 1),
+            # nccl-tests: busbw = algbw * 2(k-1)/k for an all-reduce of k ranks (here a pair;
+            # 0 for the self-test's one rank), algbw = bytes / time
+            k = len(members)
+            algbw = args.bandwidth_bytes / bw_s / 1e9
+            measured.append({"ranks": list(members), "latency8kUs": round(lat8 * 1e6, 1),
                              "latency64kUs": round(lat64 * 1e6, 1),
-                             "busBandwidthGBs": round(busbw, 3),
+                             "busBandwidthGBs": round(algbw * 2 * (k - 1) / k, 3),
+                             "algBandwidthGBs": round(algbw, 3),
                              "bandwidthBytes": args.bandwidth_bytes,
                              "bandwidthSeconds": round(bw_s, 6)})
         if n > 2:
@@ -259,7 +317,7 @@ def child(args, send, tmp, deadline):
           "env": {k: os.environ[k] for k in FABRIC_ENV if k in os.environ},
           "mtu": mtus, "torch": torch.__version__}
     if args.backend == "nccl":
-        me.update(nccl_transport(tmp))
+        me.update(nccl_transport(tmp, n), gpu=gpu_of(torch))
     else:
         me.update({"transport": "gloo/tcp", "gdr": False, "hcas": [], "socketInterfaces": []})
     ranks = [None] * n
@@ -268,14 +326,26 @@ def child(args, send, tmp, deadline):
     figures = {tuple(m["ranks"]): m for r in ranks for m in r.pop("pairs")}
     out = {"status": "ok", "rank": args.rank, "node": args.node, "worldSize": n,
            "backend": args.backend, "ranks": ranks}
+    if n == 1:
+        out["selfTest"] = True  # no fabric: this node's GPU and NCCL alone
     if args.rank == 0:  # every pair's figures, with its nodes and their transports
-        out["pairs"] = [{**figures[i, j], "nodes": [ranks[i]["node"], ranks[j]["node"]],
-                         "transport": "+".join(sorted({ranks[i]["transport"],
-                                                       ranks[j]["transport"]}))}
-                        for i, j in pairs]
+        out["pairs"] = [{**figures[m], "nodes": [ranks[i]["node"] for i in m],
+                         "transport": "+".join(sorted({ranks[i]["transport"] for i in m})),
+                         **shared(ranks, m)}
+                        for m in pairs]
     else:
         out["pairs"] = measured
     return out
+
+
+def shared(ranks, members):
+    """`sharedGpu` where a pair's ranks ran on one GPU (one host, one GPU UUID): NCCL refuses
+    that unless the ranks claim different hosts (NCCL_HOSTID); the figures then measure the
+    GPU's time slicing between two processes, not a fabric."""
+    if len(members) < 2:
+        return {}
+    gpus = {(ranks[i].get("host"), (ranks[i].get("gpu") or {}).get("uuid")) for i in members}
+    return {"sharedGpu": True} if len(gpus) == 1 and None not in next(iter(gpus)) else {}
 
 
 # --- the parent: the deadline, the one JSON line ----------------------------------------------
@@ -376,6 +446,11 @@ def main(argv):
         os.killpg(pid, signal.SIGKILL)  # done or not: nothing it started outlives the check
     _, status = os.waitpid(pid, 0)
     logs = tail(tmp)
+    if args.keep_logs:  # a recording aid: torch's and NCCL's own lines, as they were
+        with contextlib.suppress(OSError):
+            os.makedirs(args.keep_logs, exist_ok=True)
+            for path in glob.glob(os.path.join(tmp, "*.log")):
+                shutil.copy(path, os.path.join(args.keep_logs, os.path.basename(path)))
     shutil.rmtree(tmp, ignore_errors=True)
     if timed_out:
         return emit({**who, "status": "error", "phase": phase, "timedOut": True,

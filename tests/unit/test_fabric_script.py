@@ -126,3 +126,32 @@ def test_the_transport_is_read_from_nccls_lines(tmp_path: Path, log: str, transp
         transport, gdr, hcas, sockets)
     if log == IB_GDR:
         assert got["ncclVersion"] == "2.27.7+cuda13.0"
+
+
+def test_one_rank_is_only_nccls_self_test() -> None:
+    one = ["--rank", "0", "--world-size", "1", "--master-addr", "127.0.0.1",
+           "--master-port", "29611"]
+    code, out = run([*one, "--backend", "gloo"])
+    assert code == fc.EXIT_USAGE and out["phase"] == "arguments"
+    assert "at least two ranks (one only with --backend nccl" in out["error"]
+    code, out = run([*one, "--backend", "nccl"])  # past the arguments: no torch here
+    assert code == fc.EXIT_UNAVAILABLE and out["status"] == "unavailable"
+    assert fc.parse([*one, "--backend", "nccl"]).world_size == 1
+
+
+def test_a_one_rank_communicator_has_no_transport(tmp_path: Path) -> None:
+    """NCCL loads its network even for one rank (`Using network Socket`); the transport is
+    what connected peers, and one rank connects none (NCCL 2.28.9's lines, as a GPU printed
+    them: tests/unit/test_fabric_recorded.py)."""
+    (tmp_path / "nccl.1.log").write_text(
+        "vm:7:7 [0] NCCL INFO Using network Socket\n"
+        "vm:7:7 [0] NCCL INFO ncclCommInitRankConfig comm 0x1 rank 0 nranks 1 cudaDev 0 "
+        "nvmlDev 0 busId 60 commId 0x2 - Init START\n"
+        "vm:7:7 [0] NCCL INFO comm 0x1 rank 0 nRanks 1 nNodes 1 localRanks 1 localRank 0 "
+        "MNNVL 0\n"
+        "vm:7:7 [0] NCCL INFO Channel 00/64 : 0\n")
+    got = fc.nccl_transport(str(tmp_path))
+    assert (got["transport"], got["ncclNetwork"], got["ncclNodes"]) == ("none", "Socket", 1)
+    (tmp_path / "nccl.1.log").write_text("vm:7:7 [0] NCCL INFO Using network Socket\n")
+    assert fc.nccl_transport(str(tmp_path), 1)["transport"] == "none"  # lines lacking nranks
+    assert fc.nccl_transport(str(tmp_path), 2)["transport"] == "NET/Socket"
