@@ -156,11 +156,9 @@ def _failed(reports: Sequence[Mapping[str, Any]]) -> list[str]:
                      f"{' (timed out)' if r.get('timedOut') else ''}: {r.get('error', '')}")
         for log in r.get("log", [])[-5:]:
             lines.append(f"      | {log}")
-    failed = [r for r in reports if r.get("status") == "error"]
-    phases = {r.get("phase") for r in failed if r.get("cause") != "duplicate-gpu"}
-    if any(r.get("cause") == "duplicate-gpu" for r in failed):
-        lines.append("  - one GPU for two ranks: NCCL refuses two ranks on one device; two "
-                     "nodes of the stack are one machine, or see the same GPU")
+    # (NCCL's "two ranks on one GPU" is said by the script itself: it is no rendezvous problem)
+    phases = {r.get("phase") for r in reports if r.get("status") == "error"
+              and r.get("cause") != "duplicate-gpu"}
     if "interface" in phases:
         lines.append("  - the interface: fabricInterface of that node must name one of its "
                      "interfaces (ip -br link), the one that holds its fabricIp")
