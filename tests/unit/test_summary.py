@@ -372,7 +372,7 @@ _RESOURCE = {"preflight": "{node}-preflight", "image check": "image-check",
              "model": "model-stage", "model copy": "model-copy-{node}",
              "memory check": "memory-check", "Ray head": "ray-head",
              "Ray worker": "ray-worker-{node}", "gate": "ray-gate",
-             "vLLM rank": "vllm-rank-{node}"}
+             "vLLM rank": "vllm-rank-{node}", "API key": "vllm-api-key"}
 _ROW_ACTION = {"same": "keep", "replace": "replace", "create": "create", "delete": "delete",
                "update": "update"}
 
@@ -401,7 +401,7 @@ def test_the_expected_rows_are_the_captures_plan(backend: str, kind: str) -> Non
 def test_the_headline_says_what_restarts_loudest_first(kind: str) -> None:
     s = summarized(kind)
     assert summary.headline(s) == HEADLINES[kind]
-    if kind not in ("noop", "ssh-key-rotated"):
+    if kind not in ("noop", "ssh-key-rotated", "secret-rotated"):
         assert summary.headline(s, markdown=True).startswith("**vLLM reloads the model** (node-1)")
 
 
@@ -410,7 +410,7 @@ def test_the_native_headline_names_the_headless_ranks_and_no_ray(kind: str) -> N
     s = summarized(kind, "native")
     assert summary.headline(s) == NATIVE_HEADLINES[kind]
     assert "Ray" not in NATIVE_HEADLINES[kind].replace("(no Ray)", "")
-    if kind not in ("noop", "ssh-key-rotated"):
+    if kind not in ("noop", "ssh-key-rotated", "secret-rotated"):
         assert summary.headline(s, markdown=True).startswith("**vLLM reloads the model** (node-1)")
 
 
