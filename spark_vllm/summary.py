@@ -83,6 +83,7 @@ API_KEY_IN_PLACE = ("nothing restarts: its file is written in place; the API ser
 API_KEY_SET, API_KEY_UNSET = "apiKey set", "apiKey unset"
 # the upgrade from a release whose container links held the apiKey's secret digest
 API_KEY_MOVED = "the apiKey moved to a file of its own (a rotation restarts nothing from now on)"
+API_KEY_FILE_NEW = "the apiKey moves here from the API server's environment"
 ARGV = "docker run line"  # a cause of its own only when no named fact explains it
 # what the headline repeats after "vLLM reloads the model (node)": what the program owns
 # changed, not a config key the reviewer edited
@@ -655,6 +656,9 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
         causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
                            actions[node] == {CREATE}) if res else ()
         rows.append(Row(node, role, action, causes, consequence(role, action)))
+    if any(API_KEY_MOVED in r.causes for r in rows):  # the upgrade that made the key's file
+        rows = [Row(r.node, r.role, r.action, (API_KEY_FILE_NEW,), r.consequence)
+                if r.role == API_KEY and r.action == CREATE else r for r in rows]
     rows.sort(key=lambda r: (order.index(r.node), ROLE_ORDER.index(r.role)))
     errors = tuple(str(d.get("message", "")).strip() for d in preview.get("diagnostics") or []
                    if isinstance(d, dict) and d.get("severity") == "error")

@@ -554,9 +554,13 @@ def test_the_upgrade_from_the_api_key_digest_in_the_links_says_where_it_went(
     old_state["inputs"]["triggers"][1]["apiKey"] = "[secret]"
     step.update(op="replace", oldState=old_state, diffReasons=["triggers"],
                 detailedDiff={"triggers[1].apiKey": {"kind": "delete"}})
+    key = next(s for s in doc["steps"] if s["urn"].endswith("::vllm-api-key"))
+    key.update(op="create", oldState=None)  # the earlier release had no key's file
     s = summary.summarize(doc)
     (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
     assert vllm.causes == (summary.API_KEY_MOVED,)
+    assert [r.causes for r in s.changed() if r.role == summary.API_KEY] == [
+        (summary.API_KEY_FILE_NEW,)]
     assert summary.headline(s).startswith(
         f"vLLM reloads the model (node-1): {summary.API_KEY_MOVED}")
 
