@@ -15,7 +15,7 @@ import pulumi
 
 from .node import (
     SparkNode,
-    api_key_digest,
+    api_key_command,
     container_command,
     container_facts,
     digest,
@@ -67,18 +67,20 @@ class NativeGroup(pulumi.ComponentResource):
         # a new one, and a new rank 0 waits for ranks that never come (vLLM's multiproc
         # executor; torch's TCPStore). So whatever replaces one member replaces all of them:
         # every member's triggers hold every member's liveness id, and the ranks' hold what
-        # makes rank 0 (a digest of its facts and, as a secret digest, the API key it serves).
+        # makes rank 0 (a digest of its facts). The API key is no part of it: it is in its own
+        # file on rank 0's node (api_key_command), read by the middleware at each request that
+        # follows a change, so a rotation restarts no member.
         lives = {leader_name: liveness_of(leader_name, self, nodes[0], spec, commands.LEADER,
                                           serving)}
         lives.update({rn: liveness_of(rn, self, n, spec, commands.RANK)
                       for rn, n in zip(rank_names, nodes[1:], strict=True)})
-        stdin = vllm_stdin_secret(args.hf_token, args.api_key)
+        stdin = vllm_stdin_secret(args.hf_token)
+        self.api_key = api_key_command(f"{name}-api-key", self, nodes[0], spec, args.api_key,
+                                       depends_on=[nodes[0].preflight])
         leader_facts = {**container_facts(spec, spec.head, native.leader_run_argv(spec),
                                           serves=True),
                         **engine_facts(spec), "rank": 0, "port": spec.port}
-        api_key = api_key_digest(args.api_key)
-        rank0 = {"rank0": digest(json.dumps(leader_facts, sort_keys=True)),
-                 **({"rank0ApiKey": api_key["apiKey"]} if api_key else {})}  # secret
+        rank0 = {"rank0": digest(json.dumps(leader_facts, sort_keys=True))}
 
         def group(me: str) -> dict[str, Any]:
             return {f"liveness@{other}": live.id for other, live in lives.items() if other != me}
@@ -103,8 +105,8 @@ class NativeGroup(pulumi.ComponentResource):
             # rank 0 must never outlive a rank it formed its group with
             links={**{f"rank@{n.node.name}": r.id
                       for n, r in zip(nodes[1:], self.ranks, strict=True)},
-                   **group(leader_name), **api_key},
-            depends_on=[*before, *self.ranks],
+                   **group(leader_name)},
+            depends_on=[*before, *self.ranks, *([self.api_key] if self.api_key else [])],
             serving=serving, live=lives[leader_name],
         )
         containers = [self.leader, *self.ranks]

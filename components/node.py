@@ -129,12 +129,24 @@ def container_facts(spec: ClusterSpec, node: NodeSpec, argv: list[str],
             **({"files": served_files()} if serves else {})}
 
 
-def api_key_digest(api_key: pulumi.Input[str] | None) -> dict[str, Any]:
-    """The apiKey as a secret digest, in the triggers of the container that serves the API:
-    vLLM reads it once, at start (VLLM_API_KEY), so a rotation replaces that container."""
+def api_key_command(name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec,
+                    api_key: pulumi.Input[str] | None,
+                    depends_on: list[pulumi.Resource]) -> remote.Command | None:
+    """The API key's file on the node that serves the API (commands.api_key_script), when
+    apiKey is set: the middleware reads it at each request that follows a change, so a
+    rotation is an in-place update of this command (its stdin, a secret) and restarts no
+    container. Its triggers hold where the file is, never the key: they change only with what
+    also changes the API server's container (its node, user or stack)."""
     if api_key is None:
-        return {}
-    return {"apiKey": pulumi.Output.secret(api_key).apply(digest)}
+        return None
+    return node_command(
+        name, parent, node,
+        create=commands.api_key_script(spec, node.node),
+        delete=commands.api_key_remove_script(spec, node.node),
+        stdin=pulumi.Output.secret(api_key).apply(commands.api_key_text),
+        triggers=[{"node": node.node.name, "host": node.node.host, "user": node.node.user,
+                   "file": f"{commands.api_key_dir(spec)}/{commands.API_KEY_FILE}"}],
+        depends_on=depends_on)
 
 
 def liveness_of(name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec,
@@ -166,16 +178,16 @@ def container_command(
                         triggers=[facts, {**links, "liveness": live.id}], depends_on=depends_on)
 
 
-def vllm_stdin_secret(hf_token: pulumi.Input[str] | None,
-                      api_key: pulumi.Input[str] | None) -> pulumi.Output[str]:
+def vllm_stdin_secret(hf_token: pulumi.Input[str] | None) -> pulumi.Output[str]:
     """stdin of the container that runs vLLM's API server (commands.vllm_stdin), secret."""
-    return pulumi.Output.secret(  # type: ignore[arg-type]
-        pulumi.Output.all(hf_token, api_key).apply(lambda v: commands.vllm_stdin(v[0], v[1])))
+    if hf_token is None:
+        return pulumi.Output.secret(commands.vllm_stdin(None))
+    return pulumi.Output.secret(hf_token).apply(commands.vllm_stdin)
 
 
 def env_file_stdin(role: str, hf_token: pulumi.Input[str] | None) -> pulumi.Output[str]:
     """stdin of a container command without the API server: its env-file (HF_TOKEN), secret."""
     if hf_token is None:
-        return pulumi.Output.from_input(commands.secret_env_file(role, None, None))
+        return pulumi.Output.from_input(commands.secret_env_file(role, None))
     return pulumi.Output.secret(hf_token).apply(
-        lambda tok: commands.secret_env_file(role, tok, None))
+        lambda tok: commands.secret_env_file(role, tok))

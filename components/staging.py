@@ -60,7 +60,7 @@ class ModelStaging(pulumi.ComponentResource):
             f"{name}-stage", self, head,
             create=staging_commands.stage_script(spec),
             stdin=_secret_stdin(args.hf_token, lambda tok: commands.secret_env_file(
-                staging_commands.MODEL_ROLE, tok, None)),
+                staging_commands.MODEL_ROLE, tok)),
             triggers=[{"node": head.node.name, "host": head.node.host, **what,
                        "modelStaging": spec.model_staging, **download},
                       {"liveness": head_live.id}],

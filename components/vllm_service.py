@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from .node import SparkNode, api_key_digest, container_command, container_facts, vllm_stdin_secret
+from .node import SparkNode, api_key_command, container_command, container_facts, vllm_stdin_secret
 from .ray_cluster import RayCluster
 from .render import commands
 from .render.backends import ray
@@ -35,7 +35,11 @@ class VllmService(pulumi.ComponentResource):
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:vllm:VllmService", name, None, opts)
         spec, cluster = args.spec, args.cluster
-        stdin = vllm_stdin_secret(args.hf_token, args.api_key)
+        stdin = vllm_stdin_secret(args.hf_token)
+        # the key's file, written before vLLM starts and in place on a rotation: the
+        # middleware reads it again when it changes, so a new apiKey restarts nothing
+        self.api_key = api_key_command(f"{name}-api-key", self, args.head, spec, args.api_key,
+                                       depends_on=[args.head.preflight])
         self.serve = container_command(
             f"{name}-serve", self, args.head, spec, commands.VLLM,
             create=ray.vllm_start_script(spec),
@@ -50,13 +54,12 @@ class VllmService(pulumi.ComponentResource):
                    "tensorParallelSize": spec.tensor_parallel_size,
                    "pipelineParallelSize": spec.pipeline_parallel_size, "port": spec.port,
                    "vllmArgs": list(spec.vllm_args)},
-            # and the apiKey (a secret digest): vLLM reads it at start; the hfToken is only
-            # read to download, before the load, so a new one is an update (keep_script)
+            # (the hfToken is only read to download, before the load, so a new one is an
+            # update: keep_script; the apiKey is in its own file, api_key_command)
             links={"gate": cluster.gate.id, "rayHead": cluster.head.id,
                    **{f"rayWorker@{n.name}": w.id
-                      for n, w in zip(spec.workers, cluster.workers, strict=True)},
-                   **api_key_digest(args.api_key)},
-            depends_on=[cluster.gate, *args.after],
+                      for n, w in zip(spec.workers, cluster.workers, strict=True)}},
+            depends_on=[cluster.gate, *args.after, *([self.api_key] if self.api_key else [])],
             # refresh asks the server itself, as a client would (vllm#53157): serving, busy
             # or wedged (commands.liveness_target)
             serving=commands.liveness_target(spec),

@@ -10,9 +10,10 @@ the preview's JSON digest (pkg/display/json.go: `steps[]` with `op`, `urn`, `old
 role, with the action, the cause in config terms and the consequence.
 
 What it reads of a step: the container commands' `triggers` ([facts, links]: node.py
-`container_command`; the gate's are [links]), the paths of the engine's detailed diff (a
-rotated apiKey is a secret digest in the links: both sides read "[secret]") and the *names* of
-other changed properties. Only triggers replace a command; any other change is an update, in
+`container_command`; the gate's are [links]), the paths of the engine's detailed diff (an
+earlier release's links held the apiKey as a secret digest: both sides read "[secret]") and the
+*names* of other changed properties. The apiKey is a file of its own on the API server's node
+(node.py `api_key_command`): a rotation updates it in place and restarts nothing. Only triggers replace a command; any other change is an update, in
 place: a container is kept (nothing restarts), a check runs again.
 Facts are non-secret by construction (invariant 3); `stdin` and `connection` carry the secrets
 and are only ever named, never shown. Pulumi already prints secrets as "[secret]" in this
@@ -47,11 +48,13 @@ COMPLETE = "complete"  # liveness.py COMPLETE (a staged model)
 
 PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "gate", "vLLM"
 RANK = "vLLM rank"  # backend native: a headless rank (native_group.py); rank 0 is VLLM
+API_KEY = "API key"  # node.py api_key_command: the key's file on the API server's node
 IMAGES, MODEL, COPY = "image check", "model", "model copy"  # image_check.py, staging.py
 MEMORY = "memory check"  # memory_check.py
 FABRIC = "fabric check"  # fabric_check.py: a dynamic resource, and its gate (no row of its own)
 FABRIC_CHECK, FABRIC_GATE = "fabric-check", "fabric-gate"
-ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC, HEAD, WORKER, GATE, RANK, VLLM)
+ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC, HEAD, WORKER, GATE, RANK, API_KEY,
+              VLLM)
 CHECKS = (PREFLIGHT, IMAGES, MEMORY, FABRIC, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
 # pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
@@ -77,12 +80,17 @@ _FACT_ORDER = ("identityIp", "host", "user", "image", "env", "imagePull", "model
 FILE_CAUSES = {"spark_vllm_auth.py": "the API-key middleware changed (spark_vllm_auth.py)",
                "ray_non_carry_over_env_vars.json":
                    "the env keys vLLM keeps from its ranks changed"}
-API_KEY_ROTATED = "apiKey rotated (vLLM reads it at start)"
-API_KEY_ROTATED_RANK = "apiKey rotated (rank 0 serves the API, and the group forms once)"
+API_KEY_ROTATED = "apiKey rotated: its file is written in place"
+API_KEY_IN_PLACE = ("nothing restarts: its file is written in place; the API server reads "
+                    "it at its next request")
+API_KEY_SET, API_KEY_UNSET = "apiKey set", "apiKey unset"
+# the upgrade from a release whose container links held the apiKey's secret digest
+API_KEY_MOVED = "the apiKey moved to a file of its own (a rotation restarts nothing from now on)"
+API_KEY_FILE_NEW = "the apiKey moves here from the API server's environment"
 ARGV = "docker run line"  # a cause of its own only when no named fact explains it
 # what the headline repeats after "vLLM reloads the model (node)": what the program owns
 # changed, not a config key the reviewer edited
-PROGRAM_CAUSES = (*FILE_CAUSES.values(), API_KEY_ROTATED, f"{ARGV}:", "its triggers now hold")
+PROGRAM_CAUSES = (*FILE_CAUSES.values(), API_KEY_MOVED, f"{ARGV}:", "its triggers now hold")
 SECRET_STDIN = "stdin (secret) changed: a new hfToken, SSH key or program text"
 SECRET_CONNECTION = "SSH connection (secret) changed: the new key or host key is stored"
 SCRIPTS = "its scripts changed (an upgrade of spark-vllm)"
@@ -156,6 +164,12 @@ class Summary:
     @property
     def vllm(self) -> Row | None:
         return next((r for r in self.rows if r.role == VLLM and r.action != KEEP), None)
+
+    @property
+    def key_rotated(self) -> Row | None:
+        """The API key's file updated in place: a rotation, which restarts nothing."""
+        return next((r for r in self.rows if r.role == API_KEY and r.action == UPDATE
+                     and API_KEY_ROTATED in r.causes), None)
 
     @property
     def is_noop(self) -> bool:
@@ -287,7 +301,7 @@ def _role(name: str) -> tuple[str, str | None] | None:
     if name.startswith("vllm-rank-"):
         return RANK, name.removeprefix("vllm-rank-")
     return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
-            "vllm-leader": (VLLM, None),
+            "vllm-leader": (VLLM, None), "vllm-api-key": (API_KEY, None),
             "image-check": (IMAGES, None), "model-stage": (MODEL, None),
             "memory-check": (MEMORY, None), FABRIC_CHECK: (FABRIC, None)}.get(name)
 
@@ -301,7 +315,7 @@ def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | No
     dicts = [t if isinstance(t, dict) else None for t in triggers]
     if role == GATE:
         return {}, (dicts[0] or {}) if dicts else {}
-    if role in (IMAGES, MEMORY, FABRIC):
+    if role in (IMAGES, MEMORY, FABRIC, API_KEY):
         return (dicts[0] if dicts else None), {}
     facts = dicts[0] if dicts else None
     links = dicts[1] if len(dicts) > 1 and dicts[1] is not None else {}
@@ -482,10 +496,10 @@ def _because(items: list[str]) -> str:
     return f"replaced because {said} {'is' if len(items) == 1 else 'are'}"
 
 
-# node.py `api_key_digest`: the serving container's links hold the apiKey's secret digest
-# (`apiKey`), a native headless rank's hold rank 0's (`rank0ApiKey`); the engine names the path
-# it differs at, the values are both "[secret]"
-API_KEYS = {"apiKey": API_KEY_ROTATED, "rank0ApiKey": API_KEY_ROTATED_RANK}
+# An earlier release's links: the serving container's held the apiKey's secret digest
+# (`apiKey`), a native headless rank's rank 0's (`rank0ApiKey`); the engine names the path it
+# differs at, the values are both "[secret]". Today's hold neither (node.py api_key_command).
+API_KEYS = {"apiKey": API_KEY_MOVED, "rank0ApiKey": API_KEY_MOVED}
 _API_KEY_PATH = re.compile(r"\b(apiKey|rank0ApiKey)\b")
 
 
@@ -496,6 +510,8 @@ def update_causes(role: str, res: _Resource) -> tuple[str, ...]:
     for key in sorted(res.changed):
         if key == "connection":
             causes.append(SECRET_CONNECTION)
+        elif key == "stdin" and role == API_KEY:  # its stdin is the key, nothing else
+            causes.append(API_KEY_ROTATED)
         elif key == "stdin":
             causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY) else
                           "stdin (secret) changed: the SSH key, how the head reaches the "
@@ -517,9 +533,11 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
     if res.action == KEEP:
         return ()
     if res.action == CREATE:
-        return (NODE_ADDED,) if node_new else ("new in the program",)
+        return (NODE_ADDED,) if node_new else (API_KEY_SET,) if role == API_KEY else \
+            ("new in the program",)
     if res.action == DELETE:
-        return (NODE_REMOVED,) if node_gone else ("removed from the program",)
+        return (NODE_REMOVED,) if node_gone else (API_KEY_UNSET,) if role == API_KEY else \
+            ("removed from the program",)
     if role == FABRIC and res.action == UPDATE:
         return fabric_causes(res)
     if res.action == UPDATE:
@@ -611,6 +629,10 @@ def consequence(role: str, action: str) -> str:
         return {KEEP: "keeps running", CREATE: "a headless vLLM rank loads its part (no Ray)",
                 REPLACE: "its headless vLLM rank restarts and reloads its part (no Ray)",
                 DELETE: "its vLLM rank stops", UPDATE: "nothing restarts"}[action]
+    if role == API_KEY:
+        return {KEEP: "", CREATE: "the key's file is written (0600) before vLLM starts",
+                REPLACE: "the key's file is written again", DELETE: "the key's file is removed",
+                UPDATE: API_KEY_IN_PLACE}[action]
     if role == VLLM:
         return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
                 REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",
@@ -669,7 +691,8 @@ def _place(commands: list[_Command]) -> tuple[list[str], dict[tuple[str, str], _
     """Nodes in order (the head first, then by name) and every (node, role) seen: by its own
     step, or, for a kept container without one (no --show-sames), by the links of a command
     that changes."""
-    head = next((str(facts["node"]) for role, _, res in commands if role in (HEAD, VLLM)
+    head = next((str(facts["node"]) for role, _, res in commands
+                 if role in (HEAD, VLLM, API_KEY)
                  for facts in (_split(role, res.new)[0], _split(role, res.old)[0])
                  if facts and facts.get("node")), "head")
     found: dict[tuple[str, str], _Resource | None] = {}
@@ -701,7 +724,7 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     rows: list[Row] = []
     for (node, role), res in found.items():
         action = res.action if res else KEEP
-        if role in (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC) and action == KEEP:
+        if role in (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC, API_KEY) and action == KEEP:
             continue  # a kept check, or weights that stay where they are, say nothing
         causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
                            actions[node] == {CREATE}) if res else ()
@@ -709,6 +732,9 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
         if role == FABRIC and res and action == UPDATE and not fabric_reruns(res):
             then = FABRIC_STORED
         rows.append(Row(node, role, action, causes, then))
+    if any(API_KEY_MOVED in r.causes for r in rows):  # the upgrade that made the key's file
+        rows = [Row(r.node, r.role, r.action, (API_KEY_FILE_NEW,), r.consequence)
+                if r.role == API_KEY and r.action == CREATE else r for r in rows]
     rows.sort(key=lambda r: (order.index(r.node), ROLE_ORDER.index(r.role)))
     errors = tuple(str(d.get("message", "")).strip() for d in preview.get("diagnostics") or []
                    if isinstance(d, dict) and d.get("severity") == "error")
@@ -818,8 +844,15 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append("the model is staged again on the head")
     if parts and not (restarted or started or stopped) and not s.native:
         parts.append("Ray keeps running")
+    rotated = s.key_rotated
+    if parts and rotated:
+        parts.append(f"the apiKey is rotated in place ({rotated.node})")
     if not parts:
         checks = [r for r in s.changed() if r.role in CHECKS]
+        if rotated:
+            return (f"Nothing restarts: the apiKey is rotated in place (its file on "
+                    f"{rotated.node}; the API server reads it at its next request)"
+                    + ("; checks run again." if checks else "."))
         if [r for r in s.changed() if r.action == UPDATE and r.role in (HEAD, WORKER, RANK, VLLM)]:
             return ("Nothing restarts: every container is kept (updated in place)"
                     + ("; checks run again." if checks else "."))
@@ -854,6 +887,9 @@ def what_restarts(s: Summary) -> str:
                  f"stops the {switch[0]} backend's containers there before any new one starts.")
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
+    if rotated := s.key_rotated:
+        line += (f" The apiKey's file on {rotated.node} is written in place: no container "
+                 "restarts for it.")
     if s.compile_cache:
         line += " " + s.compile_cache
     return line

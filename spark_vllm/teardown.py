@@ -6,8 +6,8 @@ its SSH dial bound, naming the node and address). This finishes the job without 
 state by hand, with Pulumi's own commands only:
 
   1. it checks that NODE really does not answer (if it does, `pulumi destroy` is the tool);
-  2. for each container command of NODE, deepest first (vLLM, then the Ray head; or the
-     worker): `pulumi destroy --target` the resources that depend on it (they live on nodes
+  2. for each container command of NODE, deepest first (vLLM, the API key's file, then the
+     Ray head; or the worker): `pulumi destroy --target` the resources that depend on it (they live on nodes
      that answer, or delete nothing), then `pulumi state delete` the command itself: Pulumi
      forgets a container that went with its node;
   3. `pulumi destroy` for the rest (other nodes' containers, preflights, liveness checks).
@@ -40,9 +40,10 @@ def container_commands(nodes: list[dict[str, Any]], node: str) -> list[str]:
         raise LookupError(f"no node {node!r} in the stack's outputs (nodes: {', '.join(names)})")
     roles = next(n for n in nodes if n["name"] == node).get("containers") or {}
     if names.index(node) == 0:  # vLLM's container first: it depends on the others
+        # then the API key's file (node.py api_key_command): its delete needs the node too
         if commands.LEADER in roles:
-            return ["vllm-leader"]
-        return ["vllm-serve", "ray-head"]
+            return ["vllm-leader", "vllm-api-key"]
+        return ["vllm-serve", "vllm-api-key", "ray-head"]
     if commands.RANK in roles:
         return [f"vllm-rank-{node}"]
     return [f"ray-worker-{node}"]

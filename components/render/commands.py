@@ -126,12 +126,13 @@ SHARED_RAY_DIR = "/tmp/ray"
 # vLLM >= 0.18 copies the driver's whole environment to every rank that does not set a variable
 # itself (ray_env_utils.get_driver_env_vars, setdefault), minus the names listed in
 # $VLLM_CONFIG_ROOT/ray_non_carry_over_env_vars.json (vllm/ray/ray_env.py). So a head's fabric
-# settings would land on a worker that has none (sparkrun#135) and the API key on every rank.
+# settings would land on a worker that has none (sparkrun#135) and the HF token on every rank
+# (and the API key's path: only the API server's container has the key's directory).
 # The vLLM command copies this list into VLLM_CONFIG_ROOT before vLLM starts; each node sets
 # its own fabric keys.
 NON_CARRY_OVER_ENV = ("GLOO_SOCKET_IFNAME", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "NCCL_IB_HCA",
-                      "NCCL_SOCKET_IFNAME", "PYTHONPATH", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
-                      "VLLM_API_KEY", "VLLM_CONFIG_ROOT")
+                      "NCCL_SOCKET_IFNAME", "PYTHONPATH", "SPARK_VLLM_API_KEY_FILE",
+                      "TP_SOCKET_IFNAME", "UCX_NET_DEVICES", "VLLM_API_KEY", "VLLM_CONFIG_ROOT")
 # vLLM's config root, inside the head's shared /tmp/ray: the vLLM command copies there (docker
 # cp) the non-carry-over list and the API-key middleware (scripts/spark_vllm_auth.py), so they
 # never travel on a command line; the container puts it first on PYTHONPATH and becomes `vllm`
@@ -208,20 +209,95 @@ def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
     return env
 
 
-def secret_env_file(role: str, hf_token: str | None, api_key: str | None) -> str:
-    """Content of the 0600 env-file a container reads with --env-file (invariant 6).
+def secret_env_file(role: str, hf_token: str | None) -> str:
+    """Content of the 0600 env-file a container reads with --env-file (invariant 6). The API
+    key is never here: it is in its own file (api_key_script), read by the middleware.
 
     Only called inside `Output.apply` on secret values; the result stays a secret Output.
     """
-    for value in (hf_token, api_key):
-        if value is not None and ("\n" in value or "\r" in value):
-            raise ValueError("secret values must be one line (docker --env-file format)")
+    if hf_token is not None and ("\n" in hf_token or "\r" in hf_token):
+        raise ValueError("secret values must be one line (docker --env-file format)")
     lines = [f"# spark-vllm secrets for {role}; written by pulumi, mode 0600"]
     if hf_token:
         lines += [f"HF_TOKEN={hf_token}", f"HUGGING_FACE_HUB_TOKEN={hf_token}"]
-    if api_key and role in (VLLM, LEADER):
-        lines.append(f"VLLM_API_KEY={api_key}")
     return "\n".join(lines) + "\n"
+
+
+# The API key lives in a file of its own on the API server's node, in a directory of the
+# stack's state dir that the API server's container mounts read-only (a directory, not the
+# file: a file's bind mount keeps the inode it was made with, and the key is replaced by a
+# rename). The middleware (scripts/spark_vllm_auth.py) reads the file named by KEY_FILE_ENV and
+# reads it again when it changes, so a rotation is written in place and restarts nothing; vLLM
+# never gets VLLM_API_KEY (its own check would keep the key it started with).
+API_KEY_DIR = "api-key"
+API_KEY_FILE = "key"
+KEY_MOUNT = "/spark-vllm-key"
+KEY_FILE_ENV = "SPARK_VLLM_API_KEY_FILE"
+
+
+def api_key_dir(spec: ClusterSpec) -> str:
+    """The key's directory on the node, as the container's argv names it: `~/` is the SSH
+    user's home (expanded by the node's shell: sh_join)."""
+    return f"~/.spark-vllm/{spec.stack}/{API_KEY_DIR}"
+
+
+def api_key_args(spec: ClusterSpec) -> list[str]:
+    """`docker run` options of the API server's container when apiKey is set: the key's
+    directory, read-only, and where the middleware finds the key in it."""
+    if "apiKey" not in spec.secrets_set:
+        return []
+    return ["--volume", f"{api_key_dir(spec)}:{KEY_MOUNT}:ro",
+            "--env", f"{KEY_FILE_ENV}={KEY_MOUNT}/{API_KEY_FILE}"]
+
+
+def sh_join(argv: Sequence[str]) -> str:
+    """shlex.join, except that a word starting with `~/` keeps its tilde unquoted, so the
+    node's shell expands it to the SSH user's home (docker needs an absolute bind source)."""
+    return " ".join("~/" + shlex.quote(w[2:]) if w.startswith("~/") else shlex.quote(w)
+                    for w in argv)
+
+
+def api_key_text(api_key: str) -> str:
+    """The key file's content (stdin of api_key_script). Only called inside `Output.apply`."""
+    if not api_key or any(ord(c) < 32 or ord(c) == 127 for c in api_key):
+        raise ValueError("apiKey must be one line of printable characters")
+    return api_key
+
+
+def api_key_script(spec: ClusterSpec, node: NodeSpec) -> str:
+    """`create` and `update` of the API key's command: stdin (the key) into the key file,
+    atomically (a file of the same directory, 0600, renamed over the old one), so the
+    middleware reads the old key or the new one, never a part. No container is touched."""
+    d = f'{STATE_DIR_SH}"$stack"/{API_KEY_DIR}'
+    return "\n".join([
+        *prelude(spec, node, "API key"),
+        f"stack={shlex.quote(spec.stack)}",
+        f"umask 077; mkdir -p {d}; cd {d}",
+        "trap 'rm -f .key.new' EXIT",
+        "cat > .key.new",
+        '[ -s .key.new ] || { log "FAILED: no key on stdin"; exit 1; }',
+        f"mv -f .key.new {API_KEY_FILE}",
+        f'log "API key written to ~/.spark-vllm/$stack/{API_KEY_DIR}/{API_KEY_FILE} (0600): '
+        'the API server reads it at its next request"',
+    ]) + "\n"
+
+
+def api_key_remove_script(spec: ClusterSpec, node: NodeSpec) -> str:
+    """`delete` of the API key's command: the file and its directory; idempotent. Kept while
+    a container of the stack still mounts it: a backend switch or a renamed head creates the
+    new key command (and container) before the engine deletes the old command, at the end."""
+    return "\n".join([
+        *prelude(spec, node, "remove API key"),
+        f"stack={shlex.quote(spec.stack)}",
+        f'if [ -n "$(docker ps -aq --filter label={LABEL}.stack="$stack" '
+        f'--filter volume={KEY_MOUNT} 2>/dev/null)" ]; then',
+        '  log "kept: a container of this stack still reads it"; exit 0',
+        "fi",
+        f'rm -f {STATE_DIR_SH}"$stack"/{API_KEY_DIR}/{API_KEY_FILE} '
+        f'{STATE_DIR_SH}"$stack"/{API_KEY_DIR}/.key.new',
+        f'rmdir {STATE_DIR_SH}"$stack"/{API_KEY_DIR} 2>/dev/null || true',
+        f'rmdir {STATE_DIR_SH}"$stack" 2>/dev/null || true',
+    ]) + "\n"
 
 
 def docker_run_argv(
@@ -251,7 +327,7 @@ def docker_run_argv(
 
 def vllm_serve_args(spec: ClusterSpec, executor: list[str]) -> list[str]:
     """`vllm serve` for the API server's node; `executor`: the backend's own flags."""
-    # The API key is never here: vLLM reads VLLM_API_KEY from the env-file (invariant 6).
+    # The API key is never here, nor in vLLM's env: the middleware reads it from its file.
     return [
         "serve", spec.model,
         "--tensor-parallel-size", str(spec.tensor_parallel_size),
@@ -364,10 +440,10 @@ PROBE_FILE = ".vllm-probe.py"
 VLLM_FILES_DIR = ".vllm-files"  # what the vLLM command copies into VLLM_CONFIG_ROOT
 
 
-def vllm_stdin(hf_token: str | None, api_key: str | None) -> str:
+def vllm_stdin(hf_token: str | None) -> str:
     """stdin of the vLLM command: its env-file, the probe's Python, the middleware. Programs
     inlined in `create` would be quoted whole in Pulumi's error when the command fails."""
-    return (secret_env_file(VLLM, hf_token, api_key) + PROBE_SEPARATOR + "\n"
+    return (secret_env_file(VLLM, hf_token) + PROBE_SEPARATOR + "\n"
             + script_text("vllm_probe.py") + AUTH_SEPARATOR + "\n"
             + script_text("spark_vllm_auth.py"))
 
@@ -501,7 +577,7 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     lines += [
         *before_start,
         f'log "starting $name on {node.identity_ip}"',
-        f"cid=$({shlex.join(argv)})",
+        f"cid=$({sh_join(argv)})",
         *ready,
         'log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"',
     ]

@@ -1,8 +1,8 @@
 """vLLM liveness: serving, busy, wedged or not serving, from vLLM's own signals. Run inside the
 vLLM container (stdlib only), by the refresh-time read and by `spark-vllm status`.
 
-argv: HOST PORT SERVED_NAME CANARY_S WINDOW_S. The API key comes from the container's env
-(VLLM_API_KEY), never from argv.
+argv: HOST PORT SERVED_NAME CANARY_S WINDOW_S. The API key comes from the key file the
+container's env names (SPARK_VLLM_API_KEY_FILE; or VLLM_API_KEY), never from argv.
 
   1. /health must answer 200 (a killed rank: 503 within a second on vLLM 0.26.0);
   2. the token counter `vllm:generation_tokens_total` is read, then a canary (a streamed
@@ -31,8 +31,24 @@ host, port, served = sys.argv[1:4]
 canary_s, window_s = float(sys.argv[4]), float(sys.argv[5])
 base = f"http://{host}:{port}"
 headers = {"Content-Type": "application/json"}
-if os.environ.get("VLLM_API_KEY"):
-    headers["Authorization"] = f"Bearer {os.environ['VLLM_API_KEY']}"
+
+
+def api_key():
+    """The key the middleware checks: its file (SPARK_VLLM_API_KEY_FILE), else VLLM_API_KEY
+    (a container started by a release before the key file)."""
+    path = os.environ.get("SPARK_VLLM_API_KEY_FILE")
+    if not path:
+        return os.environ.get("VLLM_API_KEY")
+    try:
+        with open(path, "rb") as f:
+            return f.read().rstrip(b"\r\n").decode() or None
+    except OSError:
+        return None
+
+
+KEY = api_key()
+if KEY:
+    headers["Authorization"] = f"Bearer {KEY}"
 COUNTER = "vllm:generation_tokens_total"
 # No token for the canary and no counter to tell busy from wedged: the check prints "running",
 # as for serving, on purpose; `spark-vllm status` then says "serving" and refresh replaces

@@ -9,7 +9,8 @@ when the smoke request failed, 3 when it got no answer within SMOKE_SECONDS (def
 vLLM 0.26.0's own per-step limit, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS 300 s, and a minute; the
 program passes the bound it derives, commands.smoke_timeout: a first request slowed by kernels
 compiled on first use is slow, not dead). MODE "smoke": the chat completion alone.
-The API key comes from the container's env (VLLM_API_KEY), never from argv.
+The API key comes from the key file the container's env names (SPARK_VLLM_API_KEY_FILE; or
+VLLM_API_KEY), never from argv.
 """
 import json
 import os
@@ -20,7 +21,20 @@ import urllib.request
 
 host, port, served, mode = sys.argv[1:5]
 base = f"http://{host}:{port}"
-key = os.environ.get("VLLM_API_KEY")
+
+def api_key():
+    """The key the middleware checks: its file (SPARK_VLLM_API_KEY_FILE), else VLLM_API_KEY."""
+    path = os.environ.get("SPARK_VLLM_API_KEY_FILE")
+    if not path:
+        return os.environ.get("VLLM_API_KEY")
+    try:
+        with open(path, "rb") as f:
+            return f.read().rstrip(b"\r\n").decode() or None
+    except OSError:
+        return None
+
+
+key = api_key()
 headers = {"Content-Type": "application/json"}
 if key:
     headers["Authorization"] = f"Bearer {key}"

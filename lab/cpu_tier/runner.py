@@ -155,7 +155,7 @@ class CpuTier(gpu.Tier):
     def worker_up(self, s: specmod.ClusterSpec) -> dict:
         n1 = s.nodes[1]
         return self.sh(ray_backend.worker_start_script(s, n1),
-                       commands.secret_env_file(commands.WORKER, gpu.HF_TOKEN, gpu.API_KEY),
+                       commands.secret_env_file(commands.WORKER, gpu.HF_TOKEN),
                        node="n1", timeout=s.ray_timeout + 60)
 
     def remove_on(self, s: specmod.ClusterSpec, node: int, role: str) -> dict:
@@ -340,11 +340,13 @@ class CpuTier(gpu.Tier):
         self.clear_probe()
         self.record("native_rank_start", lambda: self.sh(
             native_backend.rank_start_script(s, s.nodes[1]),
-            commands.secret_env_file(commands.RANK, gpu.HF_TOKEN, gpu.API_KEY), node="n1",
+            commands.secret_env_file(commands.RANK, gpu.HF_TOKEN), node="n1",
             timeout=s.join_timeout + 60))
+        self.record("native_api_key", lambda: self.sh(
+            commands.api_key_script(s, s.head), commands.api_key_text(gpu.API_KEY), timeout=60))
         self.record("native_serve", lambda: {
             **self.sh(native_backend.leader_start_script(s),
-                      commands.vllm_stdin(gpu.HF_TOKEN, gpu.API_KEY),
+                      commands.vllm_stdin(gpu.HF_TOKEN),
                       timeout=s.vllm_timeout + s.join_timeout + 60),
             "log": self.node_log(leader, "n0")})
         self.record("native_chat", lambda: self.chat(s.served_name))

@@ -205,7 +205,7 @@ class Tier:
 
     def head_up(self, spec: specmod.ClusterSpec) -> dict:
         return self.sh(ray_backend.head_start_script(spec),
-                       commands.secret_env_file(commands.HEAD, HF_TOKEN, API_KEY))
+                       commands.secret_env_file(commands.HEAD, HF_TOKEN))
 
     def gate(self, spec: specmod.ClusterSpec) -> dict:
         return self.sh(ray_backend.gate_script(spec, [json.dumps(self.preflight_report())]),
@@ -213,11 +213,19 @@ class Tier:
 
     def stage(self, spec: specmod.ClusterSpec) -> dict:
         return self.sh(staging_commands.stage_script(spec), staging_commands.staging_stdin(
-            commands.secret_env_file(staging_commands.MODEL_ROLE, HF_TOKEN, None)))
+            commands.secret_env_file(staging_commands.MODEL_ROLE, HF_TOKEN)))
+
+    def api_key_up(self, spec: specmod.ClusterSpec) -> dict:
+        """The API key's file, as the program's api-key command writes it (the middleware
+        reads it; vLLM gets no VLLM_API_KEY)."""
+        return self.sh(commands.api_key_script(spec, spec.head), commands.api_key_text(API_KEY))
 
     def vllm_up(self, spec: specmod.ClusterSpec, extra_env: dict | None = None) -> dict:
-        return self.sh(ray_backend.vllm_start_script(spec),
-                       commands.vllm_stdin(HF_TOKEN, API_KEY), extra_env=extra_env)
+        key = self.api_key_up(spec)
+        if key["rc"]:
+            return key
+        return self.sh(ray_backend.vllm_start_script(spec), commands.vllm_stdin(HF_TOKEN),
+                       extra_env=extra_env)
 
     def liveness(self, spec: specmod.ClusterSpec) -> dict:
         """The refresh-time read, as liveness.observe runs it: its state line, and what it saw

@@ -5,14 +5,19 @@ Each scenario asserts on the engine's steps and on what docker says on the nodes
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import secrets
 import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
+from pulumi import automation as auto
 
 from lab import cluster
 from tests.integration.conftest import API_KEY
@@ -107,6 +112,57 @@ def test_1_fresh_up_serves_without_ray(lab2n: Lab) -> None:
 
 def test_1c_the_native_pr_summary_captures_are_todays_plans(lab2n: Lab) -> None:
     captures_match("tests/fixtures/previews/native")
+
+
+def test_1d_an_api_key_rotation_restarts_nothing_and_is_in_force_at_once(lab2n: Lab) -> None:
+    """Rank 0 serves the API and a group forms once, so a restart of rank 0 restarts every
+    rank: the key is no part of any member. A new apiKey previews one in-place update (the
+    key's file on node-1) and no replacement; `up` rewrites the file and no container is
+    replaced or restarted (same ids, same start times); the old key gets 401 at once and the
+    new one is answered. Then back to the lab's key, the same way."""
+    ok(lab2n.up())  # serving first (a no-op after test_1)
+    before = {(c.node, c.role): (c.id, c.started) for c in containers(NODES)}
+    assert sorted(before) == LAYOUT, before
+    key_file = f"~/.spark-vllm/{STACK}/api-key/key"
+    rotated = "sk-native-rotated-" + secrets.token_hex(8)
+    for old, new in ((API_KEY, rotated), (rotated, API_KEY)):
+        lab2n.stack.set_config("spark-vllm:apiKey", auto.ConfigValue(new, secret=True))
+        preview = ok(lab2n.preview())
+        assert preview.changed() == {"vllm-api-key": "update"}, preview.changed()
+        summary = summary_of(lab2n)
+        assert "Nothing restarts: the apiKey is rotated in place (its file on node-1" in summary, \
+            summary
+        assert new not in summary and old not in summary
+        run = ok(lab2n.up())
+        assert run.changed() == {"vllm-api-key": "update"}, run.changed()
+        assert not [line for line in run.output if new in line or old in line]  # never printed
+        after = {(c.node, c.role): (c.id, c.started) for c in containers(NODES)}
+        assert after == before, (before, after)  # not replaced, not restarted
+        # the file on the node: the new key, 0600, the SSH user's; nothing else beside it
+        assert node_sh("node-1", f"stat -c '%a %U' {key_file}").split() == ["600", "root"]
+        assert node_sh("node-1", f"sha256sum < {key_file}").split()[0] == \
+            hashlib.sha256(new.encode()).hexdigest()
+        assert node_sh("node-1", f"ls -A ~/.spark-vllm/{STACK}/api-key").split() == ["key"]
+        out = lab2n.outputs()
+        for path in ("chat", "/invocations"):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                if path == "chat":
+                    chat(out["endpoint"], out["servedModelName"], old)
+                else:
+                    invocations(out["endpoint"], old)
+            assert err.value.code == 401, path
+        assert chat(out["endpoint"], out["servedModelName"], new)
+    assert_serving(lab2n)
+
+
+def invocations(endpoint: str, api_key: str) -> None:
+    """POST /invocations (SageMaker's route, outside vLLM's own guarded prefixes)."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1}).encode()
+    req = urllib.request.Request(endpoint.removesuffix("/v1") + "/invocations", data=body,
+                                 headers={"Content-Type": "application/json",
+                                          "Authorization": f"Bearer {api_key}"})
+    with urllib.request.urlopen(req, timeout=30) as resp:
+        resp.read()
 
 
 def test_2_an_env_change_replaces_the_ranks_in_order(lab2n: Lab) -> None:
@@ -260,6 +316,10 @@ def test_6_switching_to_ray_stops_the_native_ranks_before_ray_starts(lab2n: Lab)
     # the native resources' deletes ran last and found their containers gone
     assert {"vllm-leader", "vllm-rank-node-2"} <= {n for op, n in run.ops("done")
                                                    if op == "delete"}
+    # the native key command's delete ran after Ray's vLLM started, and kept the key's file
+    # that vLLM mounts (commands.api_key_remove_script): the same file, the same key
+    assert ("delete", "vllm-api-key") in run.ops("done")
+    node_sh("node-1", f"test -s ~/.spark-vllm/{STACK}/api-key/key")
 
 
 def test_7_switching_back_to_native_stops_ray_on_each_node_first(lab2n: Lab) -> None:

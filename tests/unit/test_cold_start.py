@@ -102,7 +102,7 @@ def test_docker_passes_the_exported_bound_into_the_container(tmp_path: Path) -> 
     script = ray_backend.vllm_start_script(spec).replace(
         "cid=$(docker run", 'echo "$VLLM_ENGINE_READY_TIMEOUT_S" > "$FAKE/exported"; '
         "cid=$(docker run")
-    run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin(None, None))
+    run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin(None))
     assert (tmp_path / "exported").read_text().strip() == str(1800 + c.COLD_COMPILE_S)
 
 
@@ -129,7 +129,7 @@ def test_the_bound_grows_with_the_weights_and_a_cold_compile_cache(tmp_path: Pat
     (tmp_path / "cold").mkdir()
     (tmp_path / "warm").mkdir()
     out = run_with_fake_docker(ray_backend.vllm_start_script(spec), tmp=tmp_path / "cold",
-                               stdin=c.vllm_stdin(None, None))
+                               stdin=c.vllm_stdin(None))
     assert out["exec"][-4:-2] == ["wait", str(100 + 2 + c.COLD_COMPILE_S)]
     assert (f"bound of this start: {100 + 2 + c.COLD_COMPILE_S} s (vllmTimeout 100 s + 2 s to read "
             f"0.2 GiB of weights at 100 MiB/s + {c.COLD_COMPILE_S} s for a cold compile cache)"
@@ -137,7 +137,7 @@ def test_the_bound_grows_with_the_weights_and_a_cold_compile_cache(tmp_path: Pat
     # warm: the node's cache holds a compiled rank; the weights' read stays
     (cc / "one" / "vllm" / "torch_compile_cache" / "h1" / "rank_0_0").mkdir(parents=True)
     out = run_with_fake_docker(ray_backend.vllm_start_script(spec), tmp=tmp_path / "warm",
-                               stdin=c.vllm_stdin(None, None))
+                               stdin=c.vllm_stdin(None))
     assert out["exec"][-4:-2] == ["wait", "102"]
     assert "bound of this start: 102 s (vllmTimeout 100 s + 2 s to read" in out["_stderr"][0]
     # compileCache none: every start compiles from nothing
@@ -188,7 +188,7 @@ def test_a_start_that_does_not_serve_names_the_phase_vllm_was_in(
     (tmp_path / "exec-fails").touch()  # the probe: not serving within its bound
     spec = duo(compileCache=str(tmp_path / "cc"), vllmTimeout=100)
     out = run_with_fake_docker(ray_backend.vllm_start_script(spec), tmp=tmp_path, check=False,
-                               stdin=c.vllm_stdin(None, None))
+                               stdin=c.vllm_stdin(None))
     err = out["_stderr"][0]
     assert out["_rc"] == ["1"]
     assert (f"FAILED: vLLM did not serve within {100 + c.COLD_COMPILE_S} s (vllmTimeout 100 s + "
@@ -204,7 +204,7 @@ def test_the_smoke_request_waits_vllms_own_per_step_limit_and_a_margin(tmp_path:
     assert c.smoke_timeout(duo(env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "20"})) == 80
     (tmp_path / "exec-rc").write_text("3")  # the probe: serving, no answer within the bound
     out = run_with_fake_docker(ray_backend.vllm_start_script(duo()), tmp=tmp_path, check=False,
-                               stdin=c.vllm_stdin(None, None))
+                               stdin=c.vllm_stdin(None))
     assert out["exec"][-2:] == ["smoke", "360"]
     assert ("FAILED: the smoke request got no answer within 360 s (vLLM's own per-step limit, "
             "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS 300 s, and 60 s)") in out["_stderr"][0]
@@ -283,7 +283,7 @@ def test_a_headless_rank_lost_while_rank_0_loads_is_named_within_a_second(tmp_pa
         env={**os.environ, "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}",
              "FAKE": str(tmp_path), "HOME": str(tmp_path)})
     assert proc.stdin is not None
-    proc.stdin.write(c.vllm_stdin(None, None))
+    proc.stdin.write(c.vllm_stdin(None))
     proc.stdin.close()
     for _ in range(100):
         if (tmp_path / "exec.pid").exists():

@@ -187,12 +187,11 @@ def test_no_gpu_flag_in_the_lab() -> None:
 
 
 def test_secret_env_file_roles() -> None:
-    assert "VLLM_API_KEY=k" not in c.secret_env_file(c.HEAD, "t", "k")
-    body = c.secret_env_file(c.VLLM, "t", "k")
-    assert "HF_TOKEN=t\n" in body and "VLLM_API_KEY=k\n" in body
-    assert c.secret_env_file(c.WORKER, None, None).startswith("# ")
+    body = c.secret_env_file(c.VLLM, "t")
+    assert "HF_TOKEN=t\n" in body and "VLLM_API_KEY" not in body  # the key has its own file
+    assert c.secret_env_file(c.WORKER, None).startswith("# ")
     with pytest.raises(ValueError):
-        c.secret_env_file(c.VLLM, None, "two\nlines")
+        c.secret_env_file(c.VLLM, "two\nlines")
 
 
 @pytest.mark.parametrize("script", ["preflight", "start-head", "start-worker", "start-vllm",
@@ -441,9 +440,9 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
     spec = duo(smokeTest=True)
     script = ray_backend.vllm_start_script(spec)
     assert "import" not in script  # the probe's Python is not inlined in the command
-    out = run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin("hf-x", "key-y"))
+    out = run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin("hf-x"))
     state = tmp_path / ".spark-vllm" / "duo"
-    assert (state / "vllm.env").read_text() == c.secret_env_file(c.VLLM, "hf-x", "key-y")
+    assert (state / "vllm.env").read_text() == c.secret_env_file(c.VLLM, "hf-x")
     assert sorted(p.name for p in state.iterdir()) == ["vllm.env"]  # no probe file left
     probe = c.script_text("vllm_probe.py")
     # one `docker exec` waits for the whole load and sends the smoke request
@@ -479,7 +478,7 @@ def test_an_interrupted_start_removes_what_it_started(tmp_path: Path, sig: int) 
         # as sshd starts it: a shell that finds SIGHUP ignored (under nohup) cannot trap it
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     assert proc.stdin is not None
-    proc.stdin.write(c.vllm_stdin("hf-x", "key-y"))
+    proc.stdin.write(c.vllm_stdin("hf-x"))
     proc.stdin.close()
     # the probe runs: vLLM is "loading" (the script first reads the node: the start's bound;
     # on a busy machine that took more than 5 s)
@@ -508,7 +507,7 @@ def test_vllm_waiting_for_a_placement_group_fails_at_once(tmp_path: Path) -> Non
     (tmp_path / "logs").write_text("INFO ray_utils.py: Waiting for creating a placement group of "
                                    "specs for 10 seconds. specs=[{'node:192.168.200.12': 0.001}]\n")
     script = ray_backend.vllm_start_script(spec)
-    out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None, None))
+    out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None))
     assert out["_rc"] == ["1"]
     assert "FAILED: vLLM is waiting for a Ray placement group" in out["_stderr"][0]
     assert "    | INFO ray_utils.py: Waiting for creating a placement group" in out["_stderr"][0]
@@ -518,7 +517,7 @@ def test_a_failed_smoke_request_fails_the_start_and_leaves_nothing(tmp_path: Pat
     spec = duo(smokeTest=True)
     (tmp_path / "exec-rc").write_text("2")  # the probe: serving, but the chat failed
     script = ray_backend.vllm_start_script(spec)
-    out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None, None))
+    out = run_with_fake_docker(script, tmp=tmp_path, check=False, stdin=c.vllm_stdin(None))
     assert out["_rc"] == ["1"] and "FAILED: smoke request failed" in out["_stderr"][0]
     assert not (tmp_path / ".spark-vllm" / "duo").exists()
     assert "spark-vllm-duo-vllm" in out["rm"]
@@ -528,7 +527,7 @@ def test_failed_vllm_start_leaves_no_state_dir(tmp_path: Path) -> None:
     spec = duo()
     script = ray_backend.vllm_start_script(spec)
     out = run_with_fake_docker(script, status="exited", tmp=tmp_path, check=False,
-                               stdin=c.vllm_stdin(None, None))
+                               stdin=c.vllm_stdin(None))
     assert out["_rc"] == ["1"] and "FAILED: container is exited" in out["_stderr"][0]
     assert not (tmp_path / ".spark-vllm" / "duo").exists()
 

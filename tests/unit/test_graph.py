@@ -40,6 +40,7 @@ def graph(n: int, **top: object) -> dict[str, Registered]:
 
 
 CONTAINERS = ("ray-head", "ray-gate", "vllm-serve")
+KEY = "vllm-api-key"  # the API key's file on the head (node.py api_key_command)
 
 
 @pytest.mark.parametrize("n", [1, 2, 4])
@@ -48,7 +49,7 @@ def test_graph_shape(n: int) -> None:
     commands = sorted(name for name, r in g.items() if r.type == CMD)
     expected = sorted([f"node-{i}-preflight" for i in range(1, n + 1)]
                       + [f"ray-worker-node-{i}" for i in range(2, n + 1)] + list(CONTAINERS)
-                      + ["image-check", "memory-check", "model-stage"]
+                      + ["image-check", "memory-check", "model-stage", KEY]
                       + [f"model-copy-node-{i}" for i in range(2, n + 1)]
                       + (["fabric-gate"] if n > 1 else []))
     assert commands == expected
@@ -143,10 +144,20 @@ def test_triggers_carry_readable_facts() -> None:
     assert vllm["vllmArgs"] == ["--max-model-len", "8192"]
     assert (vllm["servedModelName"], vllm["tensorParallelSize"], vllm["port"]) == (
         "org/model", 2, 8000)
-    assert set(vlinks) == {"gate", "rayHead", "rayWorker@node-2", "liveness", "apiKey"}
-    # the apiKey as a secret digest: never its value
-    assert g["vllm-serve"].inputs["triggers"][1]["apiKey"][SECRET_SIG]
-    assert API_KEY not in json.dumps(vlinks) and len(vlinks["apiKey"]) == 16
+    # the apiKey is in no container's triggers, not even as a digest: its rotation is an
+    # update of its own command, which replaces nothing
+    assert set(vlinks) == {"gate", "rayHead", "rayWorker@node-2", "liveness"}
+    assert "apiKey" not in json.dumps(g["vllm-serve"].inputs["triggers"])
+    key_facts = g[KEY].plain("triggers")
+    assert key_facts == [{"node": "node-1", "host": "10.231.0.11", "user": "root",
+                          "file": "~/.spark-vllm/test/api-key/key"}]
+    assert g[KEY].urn in g["vllm-serve"].dependencies  # written before vLLM starts
+    # the key's directory, read-only, and where the middleware finds it
+    assert vllm["argv"][vllm["argv"].index("~/.spark-vllm/test/api-key:/spark-vllm-key:ro") - 1] \
+        == "--volume"
+    assert "SPARK_VLLM_API_KEY_FILE=/spark-vllm-key/key" in vllm["argv"]
+    for name in ("ray-head", "ray-worker-node-2"):  # no other container sees it
+        assert "spark-vllm-key" not in json.dumps(g[name].plain("triggers"))
     # the files vLLM runs besides the image, by content; not the scripts around them
     assert set(vllm["files"]) == {"spark_vllm_auth.py", "ray_non_carry_over_env_vars.json"}
     assert vllm["argv"] == ray.vllm_run_argv(spec_from(lab_nodes(2), env={"NCCL_DEBUG": "WARN"},
@@ -203,7 +214,8 @@ def test_no_secret_value_in_any_plain_input(n: int) -> None:
     # and the secrets do reach the nodes, wrapped: key in connection, tokens in stdin
     serve = g["vllm-serve"]
     assert serve.inputs["stdin"][SECRET_SIG]
-    assert f"VLLM_API_KEY={API_KEY}" in serve.plain("stdin")
+    assert "VLLM_API_KEY=" not in serve.plain("stdin") and API_KEY not in serve.plain("stdin")
+    assert g[KEY].inputs["stdin"][SECRET_SIG] and g[KEY].plain("stdin") == API_KEY
     assert g["ray-head"].plain("connection")["privateKey"] == SSH_KEY
     assert g["ray-head"].inputs["connection"][SECRET_SIG]
 
@@ -396,3 +408,36 @@ def test_new_script_text_changes_no_trigger_and_a_new_middleware_only_the_api_se
     assert changed == {"vllm-serve"}
     assert fixed["vllm-serve"].plain("triggers")[0]["files"]["spark_vllm_auth.py"] != \
         before["vllm-serve"].plain("triggers")[0]["files"]["spark_vllm_auth.py"]
+
+
+@pytest.mark.parametrize("backend", ["ray", "native"])
+def test_an_api_key_rotation_changes_only_the_key_files_stdin(backend: str) -> None:
+    """A new apiKey is an update of the key's own command (its stdin, a secret): no command's
+    triggers change, so nothing is replaced; no container command's inputs change at all, so
+    no container is even updated (vLLM reads no key: the middleware reads the file)."""
+    from tests.unit.harness import HF_TOKEN, unwrap
+
+    def with_key(key: str) -> dict[str, Registered]:
+        return run(spec_from(lab_nodes(2), backend=backend), Secrets(
+            ssh_private_key=pulumi.Output.secret(SSH_KEY), hf_token=pulumi.Output.secret(HF_TOKEN),
+            api_key=pulumi.Output.secret(key)))
+
+    old, new = with_key("sk-old-1"), with_key("sk-new-2")
+    assert {n for n, r in old.items() if r.type == CMD} == {n for n, r in new.items()
+                                                              if r.type == CMD}
+    changed = {name for name, r in old.items() if r.type == CMD
+               and json.dumps(unwrap(r.inputs), sort_keys=True)
+               != json.dumps(unwrap(new[name].inputs), sort_keys=True)}
+    assert changed == {KEY}
+    assert (old[KEY].plain("stdin"), new[KEY].plain("stdin")) == ("sk-old-1", "sk-new-2")
+    assert old[KEY].plain("triggers") == new[KEY].plain("triggers")
+
+
+def test_without_an_api_key_there_is_no_key_file_nor_mount() -> None:
+    import dataclasses
+
+    spec = dataclasses.replace(spec_from(lab_nodes(2)), secrets_set=frozenset({"sshPrivateKey"}))
+    g = run(spec, Secrets(ssh_private_key=pulumi.Output.secret(SSH_KEY)))
+    assert KEY not in g
+    assert not [w for w in g["vllm-serve"].plain("triggers")[0]["argv"] if "spark-vllm-key" in w
+                or "SPARK_VLLM_API_KEY_FILE" in w]

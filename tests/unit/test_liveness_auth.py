@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -89,12 +90,15 @@ def guarded() -> Iterator[http.server.ThreadingHTTPServer]:
     thread.join(DEADLINE_S)
 
 
-def check(srv: http.server.ThreadingHTTPServer, key: str | None) -> tuple[str, str, str, float]:
+def check(srv: http.server.ThreadingHTTPServer, key: str | None,
+          key_file: str | None = None) -> tuple[str, str, str, float]:
     """(state as `spark-vllm status` names it, what it saw, the check's stdout line, seconds):
-    the check as the container runs it, python3 with the script on stdin and the key in env."""
+    the check as the container runs it, python3 with the script on stdin and the key in env
+    (a container of an earlier release) or, with `key_file`, the key file's path there."""
     argv = [sys.executable, "-", "127.0.0.1", str(srv.server_port), "m", f"{CANARY_S:g}",
             f"{WINDOW_S:g}"]
-    env = {"PATH": "/usr/bin:/bin", **({"VLLM_API_KEY": key} if key else {})}
+    env = {"PATH": "/usr/bin:/bin", **({"VLLM_API_KEY": key} if key else {}),
+           **({"SPARK_VLLM_API_KEY_FILE": key_file} if key_file else {})}
     t0 = time.monotonic()
     proc = subprocess.run(argv, input=script_text("vllm_liveness.py"), capture_output=True,
                           text=True, env=env, timeout=DEADLINE_S)
@@ -151,3 +155,15 @@ def test_without_the_right_key_the_check_says_not_serving_with_the_401(
     # refused at once: /metrics (401) and the canary (401), no waiting on the counter
     assert [p for _, p, _ in guarded.seen] == [  # type: ignore[attr-defined]
         "/health", "/metrics", "/v1/completions"]
+
+
+def test_the_key_comes_from_the_file_the_container_names(
+        guarded: http.server.ThreadingHTTPServer, tmp_path: Path) -> None:
+    """The program's containers get no VLLM_API_KEY: the key is in its file (0600, on the
+    key's mount), which the check reads as the middleware does, a trailing newline aside."""
+    guarded.mode = "serving"  # type: ignore[attr-defined]
+    (tmp_path / "key").write_text(KEY + "\n")
+    got, detail, line, _ = check(guarded, None, key_file=str(tmp_path / "key"))
+    assert got == "serving", (line, detail)
+    seen = guarded.seen  # type: ignore[attr-defined]
+    assert {a for _, p, a in seen if p != "/health"} == {f"Bearer {KEY}"}, seen

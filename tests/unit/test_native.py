@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import time
@@ -101,11 +102,17 @@ def test_the_graph_starts_headless_ranks_then_rank_0_which_depends_on_every_one(
     assert {"liveness@vllm-rank-node-2", "liveness@vllm-rank-node-3"} <= set(links)
     for node in ("node-2", "node-3"):
         rlinks = g[f"vllm-rank-{node}"].plain("triggers")[1]
-        assert {"liveness@vllm-leader", "rank0", "rank0ApiKey"} <= set(rlinks)
-        # what makes rank 0, never its script's text nor the hfToken
-        assert "rank0Script" not in rlinks and "rank0Stdin" not in rlinks
+        assert {"liveness@vllm-leader", "rank0"} <= set(rlinks)
+        # what makes rank 0, never its script's text, the hfToken nor the apiKey (its own
+        # file on rank 0's node: a rotation restarts no member)
+        assert not {"rank0Script", "rank0Stdin", "rank0ApiKey"} & set(rlinks)
+        assert "spark-vllm-key" not in json.dumps(rank.plain("triggers")[0]["argv"])
         other = "node-3" if node == "node-2" else "node-2"
         assert f"liveness@vllm-rank-{other}" in rlinks
+    key = g["vllm-api-key"]
+    assert key.urn in leader.dependencies and "apiKey" not in json.dumps(links)
+    assert key.plain("triggers")[0]["node"] == "node-1"
+    assert "SPARK_VLLM_API_KEY_FILE=/spark-vllm-key/key" in leader.plain("triggers")[0]["argv"]
 
 
 def _joined_fn(spec: c.ClusterSpec, tcp: Path, tcp6: Path) -> str:

@@ -57,6 +57,9 @@ AGAIN, KEPT = "runs again (a check); nothing restarts", "nothing restarts"
 CONN = summary.SECRET_CONNECTION
 HEAD_STDIN = "stdin (secret) changed: the SSH key, how the head reaches the nodes, or its program"
 IMAGES_AGAIN = ("node-1", "image check", "update", HEAD_STDIN, AGAIN)
+KEY_ROTATED = ("node-1", "API key", "update", summary.API_KEY_ROTATED, summary.API_KEY_IN_PLACE)
+ROTATED_IN_PLACE = ("Nothing restarts: the apiKey is rotated in place (its file on node-1; "
+                    "the API server reads it at its next request).")
 
 
 def ssh_key_rotated(*containers: tuple[str, str]) -> Rows:
@@ -69,7 +72,7 @@ def ssh_key_rotated(*containers: tuple[str, str]) -> Rows:
         FABRIC_KEY,
         *[(node, role, "update", CONN if role != "gate" else
            f"{CONN}; the preflights' reports it compares are read again",
-           AGAIN if role == "gate" else KEPT)
+           AGAIN if role == "gate" else summary.API_KEY_IN_PLACE if role == "API key" else KEPT)
           for node, role in containers if node == "node-1"],
         ("node-2", "preflight", "update", CONN, AGAIN),
         ("node-2", "model copy", "update", f"{CONN}; {HEAD_STDIN}", summary.COPIED),
@@ -167,13 +170,13 @@ EXPECTED: dict[str, Rows] = {
         ("node-2", "model copy", "delete", "node removed", summary.WEIGHTS_STAY),
         ("node-2", "Ray worker", "delete", "node removed", "Ray stopped on this node"),
     ],
+    # the key's file is written in place (node.py api_key_command): no container restarts
     "secret-rotated": [
-        HEAD_KEPT, GATE_KEPT,
-        ("node-1", "vLLM", "replace", summary.API_KEY_ROTATED, RELOAD),
-        WORKER_KEPT,
+        HEAD_KEPT, GATE_KEPT, KEY_ROTATED, VLLM_KEPT, WORKER_KEPT,
     ],
     "ssh-key-rotated": ssh_key_rotated(("node-1", "Ray head"), ("node-1", "gate"),
-                                       ("node-1", "vLLM"), ("node-2", "Ray worker")),
+                                       ("node-1", "API key"), ("node-1", "vLLM"),
+                                       ("node-2", "Ray worker")),
     # the one change that moves weights: staged again on the head, copied to node-2, and vLLM
     # reloads; Ray keeps running
     "model": [
@@ -241,14 +244,11 @@ NATIVE_EXPECTED: dict[str, Rows] = {
         ("node-2", "model copy", "delete", "node removed", summary.WEIGHTS_STAY),
         ("node-2", "vLLM rank", "delete", "node removed", "its vLLM rank stops"),
     ],
-    # rank 0 serves the API, and a group forms once: the headless rank holds a secret digest
-    # of the apiKey rank 0 serves (rank0ApiKey) and goes with it; rank 0's own diff is not
-    # computed once a member it holds is replaced (unknown id): it reads as the cascade
-    "secret-rotated": [
-        ("node-1", "vLLM", "replace", "replaced because vLLM rank on node-2 is", RELOAD),
-        ("node-2", "vLLM rank", "replace", summary.API_KEY_ROTATED_RANK, RANK),
-    ],
-    "ssh-key-rotated": ssh_key_rotated(("node-1", "vLLM"), ("node-2", "vLLM rank")),
+    # rank 0 serves the API, and a group forms once: the key is no part of any member, so
+    # its rotation restarts none (the key's file is written in place)
+    "secret-rotated": [KEY_ROTATED, VLLM_KEPT, RANK_KEPT],
+    "ssh-key-rotated": ssh_key_rotated(("node-1", "API key"), ("node-1", "vLLM"),
+                                       ("node-2", "vLLM rank")),
     "model": [
         ("node-1", "model", "replace", MODEL_CHANGE, summary.STAGED_ON_HEAD),
         memory_row("model"),
@@ -268,8 +268,7 @@ HEADLINES = {
     "env": RESTARTS_ALL, "identity": RESTARTS_ALL,
     "image": f"{RESTARTS_ALL} · the model is staged again on the head",
     "vllm-arg": VLLM_ONLY,
-    "secret-rotated": f"vLLM reloads the model (node-1): {summary.API_KEY_ROTATED} · Ray keeps "
-                      "running",
+    "secret-rotated": ROTATED_IN_PLACE,
     "ssh-key-rotated": NOTHING_RESTARTS,
     "node-added": "vLLM reloads the model (node-1) · Ray starts on node-3 · the model is copied "
                   "to node-3",
@@ -280,7 +279,7 @@ GROUP = "vLLM reloads the model (node-1) · vLLM's headless ranks restart on nod
 NATIVE_HEADLINES = {
     "noop": "No change: nothing restarts.",
     "env": GROUP, "identity": GROUP, "vllm-arg": GROUP,
-    "secret-rotated": GROUP,
+    "secret-rotated": ROTATED_IN_PLACE,
     "ssh-key-rotated": NOTHING_RESTARTS,
     "image": f"{GROUP} · the model is staged again on the head",
     "node-added": f"{GROUP} · vLLM's headless rank starts on node-3 · the model is copied to "
@@ -303,7 +302,7 @@ def compiles_again(key: str) -> str:
 
 CACHE_NOTES = {  # the same for both backends
     "noop": "", "ssh-key-rotated": "",  # nothing starts
-    "env": WARM, "identity": WARM, "secret-rotated": WARM,
+    "env": WARM, "identity": WARM, "secret-rotated": "",  # nothing starts
     "image": f"vLLM starts cold: the image changes, so each node's compile cache ({CACHE}) is "
              "cleared.",
     "vllm-arg": compiles_again("vllmArgs"),
@@ -313,6 +312,7 @@ CACHE_NOTES = {  # the same for both backends
 }
 
 RELOADS = "vLLM: yes (reloads the model: minutes of downtime on a Spark)."
+KEY_IN_PLACE = " The apiKey's file on node-1 is written in place: no container restarts for it."
 WHAT_RESTARTS = {
     "noop": "What restarts: Ray on no node; vLLM: no.",
     "ssh-key-rotated": "What restarts: Ray on no node; vLLM: no (changes in place).",
@@ -320,7 +320,7 @@ WHAT_RESTARTS = {
     "identity": f"What restarts: Ray on 2 nodes (node-1, node-2); {RELOADS} {WARM}",
     "image": f"What restarts: Ray on 2 nodes (node-1, node-2); {RELOADS} {CACHE_NOTES['image']}",
     "vllm-arg": f"What restarts: Ray on no node; {RELOADS} {CACHE_NOTES['vllm-arg']}",
-    "secret-rotated": f"What restarts: Ray on no node; {RELOADS} {WARM}",
+    "secret-rotated": f"What restarts: Ray on no node; vLLM: no.{KEY_IN_PLACE}",
     "node-added": f"What restarts: Ray on 1 node (node-3); {RELOADS} Weights copied to node-3 "
                   f"(only the files they lack). {CACHE_NOTES['node-added']}",
     "model": f"What restarts: Ray on no node; {RELOADS} Weights copied to node-2 (only the files "
@@ -337,7 +337,7 @@ NATIVE_WHAT_RESTARTS = {
     "identity": f"{RANK_2} {WARM}",
     "image": f"{RANK_2} {CACHE_NOTES['image']}",
     "vllm-arg": f"{RANK_2} {CACHE_NOTES['vllm-arg']}",
-    "secret-rotated": f"{RANK_2} {WARM}",
+    "secret-rotated": f"{NATIVE} no headless rank; vLLM: no.{KEY_IN_PLACE}",
     "node-added": f"{NATIVE} vLLM's headless ranks on 2 nodes (node-2, node-3); {RELOADS} "
                   f"Weights copied to node-3 (only the files they lack). "
                   f"{CACHE_NOTES['node-added']}",
@@ -395,7 +395,7 @@ _RESOURCE = {"preflight": "{node}-preflight", "image check": "image-check",
              "memory check": "memory-check", "fabric check": "fabric-check",
              "Ray head": "ray-head",
              "Ray worker": "ray-worker-{node}", "gate": "ray-gate",
-             "vLLM rank": "vllm-rank-{node}"}
+             "vLLM rank": "vllm-rank-{node}", "API key": "vllm-api-key"}
 _ROW_ACTION = {"same": "keep", "replace": "replace", "create": "create", "delete": "delete",
                "update": "update"}
 
@@ -427,7 +427,7 @@ def test_the_expected_rows_are_the_captures_plan(backend: str, kind: str) -> Non
 def test_the_headline_says_what_restarts_loudest_first(kind: str) -> None:
     s = summarized(kind)
     assert summary.headline(s) == HEADLINES[kind]
-    if kind not in ("noop", "ssh-key-rotated"):
+    if kind not in ("noop", "ssh-key-rotated", "secret-rotated"):
         assert summary.headline(s, markdown=True).startswith("**vLLM reloads the model** (node-1)")
 
 
@@ -436,7 +436,7 @@ def test_the_native_headline_names_the_headless_ranks_and_no_ray(kind: str) -> N
     s = summarized(kind, "native")
     assert summary.headline(s) == NATIVE_HEADLINES[kind]
     assert "Ray" not in NATIVE_HEADLINES[kind].replace("(no Ray)", "")
-    if kind not in ("noop", "ssh-key-rotated"):
+    if kind not in ("noop", "ssh-key-rotated", "secret-rotated"):
         assert summary.headline(s, markdown=True).startswith("**vLLM reloads the model** (node-1)")
 
 
@@ -551,6 +551,44 @@ def test_without_show_sames_kept_containers_are_still_named_by_the_links(kind: s
     doc = preview(kind)
     doc["steps"] = [s for s in doc["steps"] if s["op"] != "same"]
     assert rows(summary.summarize(doc)) == [r for r in EXPECTED[kind] if r != VLLM_KEPT]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_api_key_rotation_without_show_sames_names_the_head_and_restarts_nothing(
+        backend: str) -> None:
+    """The one step of a rotation is the key's file (an update): the head is named from its
+    facts, and the headline says nothing restarts."""
+    doc = preview("secret-rotated", backend)
+    doc["steps"] = [s for s in doc["steps"] if s["op"] != "same"]
+    s = summary.summarize(doc)
+    assert [r for r in rows(s) if r[1] == "API key"] == [KEY_ROTATED]
+    assert not [r for r in s.changed() if r.role != summary.API_KEY]
+    assert summary.headline(s) == ROTATED_IN_PLACE
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_upgrade_from_the_api_key_digest_in_the_links_says_where_it_went(
+        backend: str) -> None:
+    """An earlier release's API server (and native ranks) held the apiKey's secret digest in
+    their links: the upgrade that drops it names the move, in the row and the headline."""
+    import copy
+
+    doc = preview("noop", backend)
+    name = "vllm-serve" if backend == "ray" else "vllm-leader"
+    step = next(s for s in doc["steps"] if s["urn"].endswith(f"::{name}"))
+    old_state = copy.deepcopy(step["oldState"])
+    old_state["inputs"]["triggers"][1]["apiKey"] = "[secret]"
+    step.update(op="replace", oldState=old_state, diffReasons=["triggers"],
+                detailedDiff={"triggers[1].apiKey": {"kind": "delete"}})
+    key = next(s for s in doc["steps"] if s["urn"].endswith("::vllm-api-key"))
+    key.update(op="create", oldState=None)  # the earlier release had no key's file
+    s = summary.summarize(doc)
+    (vllm,) = [r for r in s.changed() if r.role == summary.VLLM]
+    assert vllm.causes == (summary.API_KEY_MOVED,)
+    assert [r.causes for r in s.changed() if r.role == summary.API_KEY] == [
+        (summary.API_KEY_FILE_NEW,)]
+    assert summary.headline(s).startswith(
+        f"vLLM reloads the model (node-1): {summary.API_KEY_MOVED}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

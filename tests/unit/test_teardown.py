@@ -11,7 +11,10 @@ NODES = [{"name": "node-1"}, {"name": "node-2"}, {"name": "node-3"}]
 
 
 def test_a_head_node_forgets_vllm_before_the_head_and_a_worker_only_its_worker() -> None:
-    assert teardown.container_commands(NODES, "node-1") == ["vllm-serve", "ray-head"]
+    assert teardown.container_commands(NODES, "node-1") == ["vllm-serve", "vllm-api-key",
+                                                            "ray-head"]
+    native = [{"name": "node-1", "containers": {"vllm-leader": "id"}}, {"name": "node-2"}]
+    assert teardown.container_commands(native, "node-1") == ["vllm-leader", "vllm-api-key"]
     assert teardown.container_commands(NODES, "node-3") == ["ray-worker-node-3"]
     with pytest.raises(LookupError, match="no node 'node-9'"):
         teardown.container_commands(NODES, "node-9")

@@ -30,6 +30,7 @@ from ..commands import (
     RANK,
     VLLM_FILES_DIR,
     _wait_loop,
+    api_key_args,
     container_name,
     docker_run_argv,
     serve_ready_lines,
@@ -88,7 +89,8 @@ def _argv(spec: ClusterSpec, node: NodeSpec, role: str, rank: int) -> list[str]:
                            ["-c", _VLLM_ENTRY_SH, "vllm",
                             *vllm_serve_args(spec, executor(spec, rank))],
                            extra=["--env", f"VLLM_CONFIG_ROOT={NATIVE_CONFIG_ROOT}",
-                                  *(["--env", ENGINE_READY_ENV] if role == LEADER else [])])
+                                  *(["--env", ENGINE_READY_ENV, *api_key_args(spec)]
+                                    if role == LEADER else [])])
     if role == LEADER:
         # created, given the middleware, then started: it is on PYTHONPATH before vLLM starts
         assert argv[:3] == ["docker", "run", "--detach"]

@@ -21,6 +21,7 @@ from ..commands import (
     VLLM_FILES_DIR,
     WORKER,
     _wait_loop,
+    api_key_args,
     container_name,
     docker_run_argv,
     execute_model_timeout,
@@ -146,7 +147,9 @@ def vllm_run_argv(spec: ClusterSpec) -> list[str]:
              "--env", f"RAY_ADDRESS={spec.head.identity_ip}:{spec.ray_port}",
              "--env", f"VLLM_CONFIG_ROOT={VLLM_CONFIG_ROOT}",
              # the start's bound, computed on the node (start_bound_lines), taken by name
-             "--env", ENGINE_READY_ENV]
+             "--env", ENGINE_READY_ENV,
+             # the API key's directory, read-only: the middleware reads the key there
+             *api_key_args(spec)]
     return docker_run_argv(spec, spec.head, VLLM, "sh",
                            ["-c", _VLLM_ENTRY_SH, "vllm", *vllm_serve_args(spec, EXECUTOR)], extra=extra)
 
