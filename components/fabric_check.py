@@ -65,10 +65,9 @@ def targets(props: dict[str, Any], private_key: str) -> list[tuple[ssh.Target, s
 
 
 def settings_of(props: dict[str, Any]) -> FabricCheckSettings:
-    # the engine hands numbers back as floats (protobuf's Value): 90.0 is the int 90
-    raw = props["triggers"][0]["settings"]
-    return FabricCheckSettings.model_validate(
-        {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in raw.items()})
+    # the engine hands numbers back as floats (protobuf's Value): pydantic's lax mode reads
+    # them as the settings' types (90.0 is the timeout 90; 90.5 is still refused)
+    return FabricCheckSettings.model_validate(props["triggers"][0]["settings"], strict=False)
 
 
 def ssh_timeout(cfg: FabricCheckSettings) -> float:
