@@ -18,17 +18,14 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.common import STACK, say
+from bench.common import say
 from bench.contenders.spark_vllm import SparkVllm
 
 CHECK, GATE = "fabric-check", "fabric-gate"
 
 
 def _timeout(c: SparkVllm, seconds: int) -> None:
-    res = c._pulumi("config", "set", "--path", "--stack", STACK,
-                    "spark-vllm:fabricCheck.timeout", str(seconds))
-    if not res.ok:
-        raise RuntimeError(f"pulumi config set fabricCheck.timeout: {res.tail()}")
+    c.set_config("fabricCheck.timeout", str(seconds), path=True)
 
 
 def _fabric_steps(steps: dict[str, Any]) -> dict[str, float]:

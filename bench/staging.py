@@ -70,9 +70,7 @@ def _plain(lab: Lab) -> tuple[float | None, str]:
 
 
 def _staging_mode(c: SparkVllm, mode: str) -> None:
-    res = c._pulumi("config", "set", "--stack", STACK, "spark-vllm:modelStaging", mode)
-    if not res.ok:
-        raise RuntimeError(f"pulumi config set modelStaging: {res.tail()}")
+    c.set_config("modelStaging", mode)
 
 
 def noop_runs(c: SparkVllm, runs: int) -> list[dict[str, Any]]:
@@ -223,9 +221,7 @@ def _raw_tcp(lab: Lab, streams: int, to_files: bool = False) -> tuple[float | No
 
 def _copy_config(c: SparkVllm, transport: str, streams: str) -> None:
     for key, value in (("copyTransport", transport), ("copyStreams", streams)):
-        res = c._pulumi("config", "set", "--stack", STACK, f"spark-vllm:{key}", value)
-        if not res.ok:
-            raise RuntimeError(f"pulumi config set {key}: {res.tail()}")
+        c.set_config(key, value)
 
 
 def _copy_seconds(c: SparkVllm) -> tuple[float | None, int | None]:

@@ -1,9 +1,10 @@
 """FabricCheck: the fabric measured before any rank starts, gated on its verdict.
 
-Where it sits (program.py): after the image check, the staging, the memory check and the copies
-(so nothing else moves bulk data over the fabric while it measures), before vLLM's ranks on
-both backends (backend ray: before `vllm-serve`, whose ranks are Ray's actors; backend native:
-before every rank). Two resources:
+Where it sits (program.py): after the image check, the head's staging and the memory check,
+before the copies (nothing else moves bulk data over the fabric while it measures) and before
+every container of both backends, Ray's included: a change that re-measures (an env value, an
+identity, the image) replaces the Ray containers too, and their old ones, with vLLM on them,
+would otherwise be stopped before the verdict. Two resources:
 
 - `fabric-check`, a dynamic resource (served by Pulumi's own pulumi-resource-pulumi-python, as
   liveness.py's). Its create runs the check: on every node at once, over SSH (ssh.py, the
@@ -16,8 +17,8 @@ before every rank). Two resources:
   a new SSH key, host address or program text is stored without running it. Preview never
   touches a node.
 - `fabric-gate`, a command on the head that passes or fails with the verdict's message. Every
-  rank depends on it: a refused fabric stops the `up` there, with the per-pair table, before
-  any rank (or, on a change, before the old ranks are stopped: the deployment keeps serving).
+  container and copy depends on it: a refused fabric stops the `up` there, with the per-pair
+  table, before anything that runs is stopped (the deployment keeps serving).
 
 A verdict is never raised from the dynamic provider: the engine would show it under a Python
 traceback. The gate's failure is a command's failure, like every other refusal of the program.
@@ -46,6 +47,16 @@ RESULT_KEYS = ("outcome", "message", "pairs", "baseline", "checkedAt")
 NONE = "none"  # one node: no fabric to check
 
 
+def inputs(spec: ClusterSpec) -> dict[str, Any]:
+    """The check resource's inputs but the key: what it measures (`triggers`) and, per node,
+    how to reach it and the command to run there (also what `spark-vllm status --fabric`
+    reads back from the state)."""
+    return {"triggers": [fabric.triggers(spec)],
+            "nodes": [{"node": n.name, "host": n.host, "port": n.port, "user": n.user,
+                       "hostKey": n.host_key or "", "script": fabric.node_script(spec, n)}
+                      for n in spec.nodes]}
+
+
 def targets(props: dict[str, Any], private_key: str) -> list[tuple[ssh.Target, str]]:
     """Each node's SSH target and its command, from the resource's `nodes` input."""
     return [(ssh.Target(node=n["node"], host=n["host"], port=int(n["port"]), user=n["user"],
@@ -54,10 +65,9 @@ def targets(props: dict[str, Any], private_key: str) -> list[tuple[ssh.Target, s
 
 
 def settings_of(props: dict[str, Any]) -> FabricCheckSettings:
-    # the engine hands numbers back as floats (protobuf's Value): 90.0 is the int 90
-    raw = props["triggers"][0]["settings"]
-    return FabricCheckSettings.model_validate(
-        {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in raw.items()})
+    # the engine hands numbers back as floats (protobuf's Value): pydantic's lax mode reads
+    # them as the settings' types (90.0 is the timeout 90; 90.5 is still refused)
+    return FabricCheckSettings.model_validate(props["triggers"][0]["settings"], strict=False)
 
 
 def ssh_timeout(cfg: FabricCheckSettings) -> float:
@@ -160,14 +170,8 @@ class FabricCheck(pulumi.ComponentResource):
                 {"outcome": NONE, "message": "one node: no fabric to check"})
             self.register_outputs({"summary": self.summary})
             return
-        props = {
-            "triggers": [fabric.triggers(spec)],
-            "nodes": [{"node": n.name, "host": n.host, "port": n.port, "user": n.user,
-                       "hostKey": n.host_key or "", "script": fabric.node_script(spec, n)}
-                      for n in spec.nodes],
-            "privateKey": pulumi.Output.secret(ssh_private_key),
-            **{k: None for k in RESULT_KEYS},
-        }
+        props = {**inputs(spec), "privateKey": pulumi.Output.secret(ssh_private_key),
+                 **{k: None for k in RESULT_KEYS}}
         self.check = check = _Check(f"{name}-check", props, pulumi.ResourceOptions(
             parent=self, additional_secret_outputs=["privateKey"],
             depends_on=[*after, *(n.preflight for n in nodes)]))

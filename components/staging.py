@@ -50,10 +50,9 @@ class ModelStaging(pulumi.ComponentResource):
         super().__init__("spark-vllm:model:ModelStaging", name, None, opts)
         spec, nodes = args.spec, args.nodes
         head = nodes[0]
-        rev = spec.model_revision or "main"
-        what = {"model": spec.model, "revision": rev, "hfCache": spec.hf_cache}
+        what = _what(spec)
         head_live = ModelLiveness(f"{name}-stage-liveness", node=head, hf_cache=spec.hf_cache,
-                                  model=spec.model, commit=rev, parent=self)
+                                  model=spec.model, commit=what["revision"], parent=self)
         download = ({"image": spec.image, "downloadEnv": staging_commands.download_env(spec)}
                     if spec.model_staging == "download" else {})
         self.stage = node_command(
@@ -67,33 +66,39 @@ class ModelStaging(pulumi.ComponentResource):
             depends_on=list(args.after),
         )
         self.summary = self.stage.stdout.apply(lambda s: json.loads(s.strip().splitlines()[-1]))
-        self._args, self._head_live, self._what, self._prefix = args, head_live, what, name
+        # what the copies need, made after the fabric check (program.py: `copy`)
+        self._name, self._args, self._head_live = name, args, head_live
         self.copies = []
         self.register_outputs({"summary": self.summary})
 
     def copy(self, after: list[pulumi.Resource]) -> list[pulumi.Resource]:
         """The copies to the other nodes, after `after` (the fabric check's gate: the fabric is
         measured while nothing else moves data over it, and a refused fabric copies nothing)."""
-        args, head_live, what = self._args, self._head_live, self._what
-        spec, name = args.spec, self._prefix
-        head, rev = args.nodes[0], spec.model_revision or "main"
+        name, args, spec = self._name, self._args, self._args.spec
+        head, what = args.nodes[0], _what(spec)
         for n in args.nodes[1:]:
             # the copy's inputs hold nothing of the staging's output: a staging that runs again
             # (an image change, say; it finds the model and hashes nothing) copies nothing
             # and shows no copy in a preview. A head whose copy was found damaged is staged
             # again and copied from again (headCopy)
             live = ModelLiveness(f"{name}-copy-{n.node.name}-liveness", node=n,
-                                 hf_cache=spec.hf_cache, model=spec.model, commit=rev,
-                                 parent=self)
+                                 hf_cache=spec.hf_cache, model=spec.model,
+                                 commit=what["revision"], parent=self)
             self.copies.append(node_command(
                 f"{name}-copy-{n.node.name}", self, head,
                 create=staging_commands.copy_script(spec, n.node),
                 stdin=_secret_stdin(args.ssh_private_key, _as_is),
                 triggers=[{"node": n.node.name, "to": n.node.identity_ip, **what},
-                          {"headCopy": head_live.id, "liveness": live.id}],
+                          {"headCopy": self._head_live.id, "liveness": live.id}],
                 depends_on=[self.stage, n.preflight, *after],
             ))
         return self.copies
+
+
+def _what(spec: ClusterSpec) -> dict[str, str]:
+    """Which model, revision and cache: in the staging's and every copy's triggers."""
+    return {"model": spec.model, "revision": spec.model_revision or "main",
+            "hfCache": spec.hf_cache}
 
 
 def _as_is(key: str | None) -> str:

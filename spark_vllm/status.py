@@ -347,6 +347,16 @@ def collect(stack: Any) -> Report:
     return report
 
 
+def state_resources(stack: Any) -> list[dict[str, Any]]:
+    """Every resource the stack's state holds (`pulumi stack export`)."""
+    from pulumi import automation as auto
+
+    try:
+        return list(stack.export_stack().deployment.get("resources") or [])
+    except auto.CommandError as err:
+        raise errors.from_pulumi(err, f"reading the state of stack {stack.name}") from None
+
+
 FABRIC_CHECK_NAME = "fabric-check"  # components/fabric_check.py: the check's dynamic resource
 
 
@@ -356,17 +366,13 @@ def fabric(stack: Any) -> tuple[int, dict[str, Any], str]:
     nothing that runs is touched: the check's containers have their own name and port
     (masterPort+10), and end with it. Exit 0: passed; 1: refused or degraded; 2: no verdict
     (it could not run, or the stack has none)."""
-    from pulumi import automation as auto
 
     from .components import fabric_check
 
     key = config_secret(stack, "sshPrivateKey")
     if key is None:
         raise LookupError(f"stack {stack.name}: {NAMESPACE}:sshPrivateKey is not set")
-    try:
-        resources = list(stack.export_stack().deployment.get("resources") or [])
-    except auto.CommandError as err:
-        raise errors.from_pulumi(err, f"reading the state of stack {stack.name}") from None
+    resources = state_resources(stack)
     found = next((r for r in resources if r.get("urn", "").endswith(f"::{FABRIC_CHECK_NAME}")
                   and r.get("type") == "pulumi-python:dynamic:Resource"), None)
     if found is None:

@@ -386,23 +386,45 @@ _MEMORY_FACTS = {"model": "model", "revision": "modelRevision", "hf": "hfCache",
 _MEMORY_NODE = {"ip": "identityIp", "user": "user", "port": "port", "hostKey": "hostKey"}
 
 
-def memory_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The memory check's facts in config terms: the nodes by name (as the image check's), a
-    node's changed field by its node, a vLLM flag as vLLM spells it. Its `nodes` are objects:
-    shown whole, the change would be cut off past MAX_VALUE."""
+def node_causes(old: dict[str, Any], new: dict[str, Any], labels: dict[str, str],
+                once: bool = False) -> list[str]:
+    """A check's `nodes` (objects with a `name`) in config terms: the list when nodes come or
+    go, then each node's changed field as `nodes[NAME].FIELD: old → new` (`labels`: a fact's
+    name as the config spells it), an `env` map key by key (a derived key said as its field,
+    once). `once`: a change seen on every node is said once, without the node. Shown whole,
+    the objects would be cut off past MAX_VALUE."""
     def by_name(facts: dict[str, Any]) -> dict[str, dict[str, Any]]:
         nodes = facts.get("nodes")
         return {str(n.get("name")): n for n in nodes if isinstance(n, dict)} \
             if isinstance(nodes, list) else {}
 
-    causes: list[str] = []
     old_nodes, new_nodes = by_name(old), by_name(new)
-    if list(old_nodes) != list(new_nodes):
-        causes.append(_change("nodes", list(old_nodes), list(new_nodes)))
+    causes = [_change("nodes", list(old_nodes), list(new_nodes))] \
+        if list(old_nodes) != list(new_nodes) else []
+    per_node: dict[str, list[str]] = {}
     for name in (n for n in new_nodes if n in old_nodes):
         was, now = old_nodes[name], new_nodes[name]
-        causes += [_change(f"nodes[{name}].{_MEMORY_NODE.get(k, k)}", was.get(k), now.get(k))
-                   for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+        said = per_node.setdefault(name, [])
+        for key in sorted(was.keys() | now.keys()):
+            if was.get(key) == now.get(key):
+                continue
+            if key == "env" and isinstance(was.get(key), dict) and isinstance(now.get(key), dict):
+                said += [c for c in _env_causes(was[key], now[key], [])
+                         if not c.startswith(tuple(f"{f}:" for f in labels.values()))]
+            else:
+                said.append(_change(labels.get(key, key), was.get(key), now.get(key)))
+    for name, said in per_node.items():
+        for c in said:
+            everywhere = once and len(per_node) > 1 and all(c in o for o in per_node.values())
+            text = c if everywhere else f"nodes[{name}].{c}"
+            causes += [text] if text not in causes else []
+    return causes
+
+
+def memory_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The memory check's facts in config terms: its nodes by name (node_causes), a vLLM flag
+    as vLLM spells it."""
+    causes = node_causes(old, new, _MEMORY_NODE)
     for key, label in _MEMORY_FACTS.items():
         if old.get(key) != new.get(key):
             causes.append(_change(label, old.get(key), new.get(key)))
@@ -586,27 +608,7 @@ def fabric_causes(res: _Resource) -> tuple[str, ...]:
     if old is None or new is None:
         return ("triggers changed shape (an upgrade of spark-vllm)",)
     causes = [FABRIC_REFUSED] if res.last == "refuse" else []
-    nodes = [{str(n.get("name")): n for n in f.get("nodes") or [] if isinstance(n, dict)}
-             for f in (old, new)]
-    if list(nodes[0]) != list(nodes[1]):
-        causes.append(_change("nodes", list(nodes[0]), list(nodes[1])))
-    per_node: dict[str, list[str]] = {}
-    for name in (n for n in nodes[1] if n in nodes[0]):
-        was, now = nodes[0][name], nodes[1][name]
-        said = per_node.setdefault(name, [])
-        for key in sorted(was.keys() | now.keys()):
-            if was.get(key) == now.get(key):
-                continue
-            if key == "env" and isinstance(was.get(key), dict) and isinstance(now.get(key), dict):
-                said += [c for c in _env_causes(was[key], now[key], [])
-                         if not c.startswith(tuple(f"{f}:" for f in _FABRIC_NODE.values()))]
-            else:
-                said.append(_change(_FABRIC_NODE.get(key, key), was.get(key), now.get(key)))
-    for name, said in per_node.items():  # a change on every node is said once, as the key
-        for c in said:
-            everywhere = len(per_node) > 1 and all(c in other for other in per_node.values())
-            text = c if everywhere else f"nodes[{name}].{c}"
-            causes += [text] if text not in causes else []
+    causes += node_causes(old, new, _FABRIC_NODE, once=True)
     settings: list[dict[str, Any]] = [
         v if isinstance(v := f.get("settings"), dict) else {} for f in (old, new)]
     causes += [_change(f"fabricCheck.{k}", settings[0].get(k), settings[1].get(k))

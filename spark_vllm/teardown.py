@@ -66,7 +66,7 @@ def dependents(resources: list[dict[str, Any]], urn: str) -> list[str]:
 
 
 def _resources(stack: Any) -> list[dict[str, Any]]:
-    return list(stack.export_stack().deployment.get("resources") or [])
+    return status.state_resources(stack)
 
 
 def teardown(stack: Any, node: str, say: Any = print) -> None:

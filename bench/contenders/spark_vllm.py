@@ -57,6 +57,14 @@ class SparkVllm(Contender):
                 timeout: float = PULUMI_TIMEOUT_S) -> Result:
         return run(["pulumi", *args], env=self.env, stdin=stdin, timeout=timeout, log=self.log)
 
+    def set_config(self, key: str, value: str, path: bool = False) -> None:
+        """`pulumi config set spark-vllm:KEY VALUE` (`path`: KEY is a path, e.g.
+        fabricCheck.timeout) on the bench stack; a failure raises, naming the key."""
+        res = self._pulumi("config", "set", *(["--path"] if path else []), "--stack", STACK,
+                           f"{NAMESPACE}:{key}", value)
+        if not res.ok:
+            raise RuntimeError(f"pulumi config set {key}: {res.tail()}")
+
     def prepare(self) -> None:
         sel = self._pulumi("stack", "select", "--create", STACK)
         if not sel.ok:

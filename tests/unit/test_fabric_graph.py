@@ -153,10 +153,7 @@ def test_a_new_key_or_address_is_stored_without_running_it(measured: list) -> No
 
 def props_for(n: int = 2, **fabric_check: Any) -> dict[str, Any]:
     spec = spec_from(lab_nodes(n), fabricCheck=fabric_check)
-    return {"triggers": [fabric.triggers(spec)],
-            "nodes": [{"node": x.name, "host": x.host, "port": x.port, "user": x.user,
-                       "hostKey": x.host_key, "script": fabric.node_script(spec, x)}
-                      for x in spec.nodes], "privateKey": SSH_KEY}
+    return {**fc.inputs(spec), "privateKey": SSH_KEY}
 
 
 def fake_ssh(monkeypatch: pytest.MonkeyPatch, answer: Any) -> list[tuple[ssh.Target, str]]:

@@ -153,6 +153,17 @@ def proc_state(pid: int) -> str:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
+def settled_state(pid: int, want: tuple[str, ...], deadline_s: float = 5.0) -> str:
+    """The process's state once it is one of `want`, or the last one read at the deadline.
+
+    kill(2) returns once the signal is queued; the target changes state when the kernel next
+    schedules it, so an immediate read of /proc can still say R after a SIGSTOP (CI saw it)."""
+    end = time.monotonic() + deadline_s
+    while (state := proc_state(pid)) not in want and time.monotonic() < end:
+        time.sleep(0.02)
+    return state
+
+
 def run_finder(finder: str, sig: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", finder, sig, "ray-container"],
                           capture_output=True, text=True, timeout=30)
@@ -187,9 +198,9 @@ def test_the_finder_stops_and_continues_what_it_finds():
         assert done.returncode == 0, done.stderr
         (r,) = faults.parse_finder_output(done.stdout)
         assert (r.pid, r.signal) == (proc.pid, "SIGSTOP")
-        assert proc_state(proc.pid) == "T"
+        assert settled_state(proc.pid, ("T",)) == "T"
         assert run_finder(finder, "SIGCONT").returncode == 0
-        assert proc_state(proc.pid) in ("S", "R")
+        assert settled_state(proc.pid, ("S", "R")) in ("S", "R")
     finally:
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
