@@ -75,8 +75,9 @@ class NativeGroup(pulumi.ComponentResource):
         lives.update({rn: liveness_of(rn, self, n, spec, commands.RANK)
                       for rn, n in zip(rank_names, nodes[1:], strict=True)})
         stdin = vllm_stdin_secret(args.hf_token)
+        # after every check (`before`): a refused up writes nothing on a node
         self.api_key = api_key_command(f"{name}-api-key", self, nodes[0], spec, args.api_key,
-                                       depends_on=[nodes[0].preflight])
+                                       depends_on=before)
         leader_facts = {**container_facts(spec, spec.head, native.leader_run_argv(spec),
                                           serves=True),
                         **engine_facts(spec), "rank": 0, "port": spec.port}

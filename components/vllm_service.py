@@ -38,8 +38,10 @@ class VllmService(pulumi.ComponentResource):
         stdin = vllm_stdin_secret(args.hf_token)
         # the key's file, written before vLLM starts and in place on a rotation: the
         # middleware reads it again when it changes, so a new apiKey restarts nothing
+        # (after the Ray gate, which follows every check: a refused up writes nothing)
         self.api_key = api_key_command(f"{name}-api-key", self, args.head, spec, args.api_key,
-                                       depends_on=[args.head.preflight])
+                                       depends_on=[args.head.preflight, cluster.gate,
+                                                   *args.after])
         self.serve = container_command(
             f"{name}-serve", self, args.head, spec, commands.VLLM,
             create=ray.vllm_start_script(spec),

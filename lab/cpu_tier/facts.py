@@ -14,7 +14,8 @@ from typing import Any
 
 # the env keys of a rank that say which node's fabric it uses, and who holds secrets
 RANK_KEYS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
-             "VLLM_HOST_IP", "VLLM_API_KEY", "HF_TOKEN", "VLLM_RPC_BASE_PATH")
+             "VLLM_HOST_IP", "VLLM_API_KEY", "SPARK_VLLM_API_KEY_FILE", "HF_TOKEN",
+             "VLLM_RPC_BASE_PATH")
 
 
 def load(path: str | Path) -> dict[str, Any]:

@@ -38,6 +38,10 @@ from spark_vllm.components.render import commands  # noqa: E402
 from spark_vllm.components.render.backends import native as native_backend  # noqa: E402
 from spark_vllm.components.render.backends import ray as ray_backend  # noqa: E402
 
+# the GPU tier's keys, and where the API-key middleware reads the key (only the API server's
+# container has it: commands.api_key_args)
+ENV_KEYS = (*gpu.ENV_KEYS, commands.KEY_FILE_ENV)
+
 IMAGE = "spark-vllm-cpu-tier:local"  # recorded only: the venv is the image
 MODEL = "spark-vllm/tiny-dense"
 # The image's env (a GPU image's ENV has its own): what a CPU vLLM needs on top of the program
@@ -186,7 +190,7 @@ class CpuTier(gpu.Tier):
                         "actor": bool(d.get("actor")),
                         "title": title.decode(errors="replace").strip()[:120],
                         "cmdline": d["cmdline"][:160],
-                        "env": {k: d["env"].get(k) for k in gpu.ENV_KEYS}})
+                        "env": {k: d["env"].get(k) for k in ENV_KEYS}})
         return out
 
     def remote_rank(self) -> dict | None:

@@ -5,7 +5,6 @@ driver's environment that V2 copies to every rank."""
 from __future__ import annotations
 
 import json
-import shlex
 import time
 import urllib.request
 from typing import Any
@@ -15,6 +14,7 @@ from pulumi import automation as auto
 
 from lab import cluster
 from spark_vllm.components.render.backends import ray as ray_backend
+from spark_vllm.components.render.commands import sh_join
 from spark_vllm.components.spec import parse_spec
 from tests.integration.conftest import API_KEY
 from tests.integration.engine import STACK, Lab, node_sh
@@ -71,7 +71,7 @@ def test_v2_without_a_shared_rpc_path_vllm_hangs_and_the_program_does_not(lab2: 
         at = argv.index("--env-file")
         del argv[at:at + 2]  # no secrets needed for this
         argv[argv.index("--port") + 1] = "8011"
-        node_sh("node-1", shlex.join(argv))
+        node_sh("node-1", sh_join(argv))  # as the program sends it: `~/` expanded by the node
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             assert http_status(f"{base}:8011/health") != 200
