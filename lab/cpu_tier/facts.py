@@ -78,6 +78,14 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
         f[f"{b}: TP 2 across the nodes serves"] = sc[f"{b}_serve"]["rc"] == 0
         f[f"{b}: a chat answers"] = chat.get("status")
         f[f"{b}: liveness while serving"] = sc[f"{b}_liveness_serving"].get("state")
+        if f"{b}_key_rotation" in sc:  # statuses for no key, the first key, the rotated one
+            kr = sc[f"{b}_key_rotation"]
+            for step in ("before", "rotated", "back"):
+                f[f"{b}: apiKey file {step}: 401/200 for none, first, rotated"] = (
+                    kr[step].get("none"), kr[step].get("first"), kr[step].get("rotated"),
+                    kr[step].get("write_rc", 0))
+            f[f"{b}: apiKey rotation restarts the API container"] = (
+                kr["started_before"] != kr["started_after"])
         f[f"{b}: the env each node's ranks see"] = _ranks(
             sc[f"{b}_rank_env"]["processes"])
         fr = sc[f"{b}_frozen_remote_rank"]

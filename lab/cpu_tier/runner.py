@@ -303,6 +303,7 @@ class CpuTier(gpu.Tier):
         self.record("ray_gate", lambda: self.gate2(s))
         self.record("ray_serve", lambda: {**self.vllm_up(s), "log": self.node_log(vllm, "n0")})
         self.record("ray_chat", lambda: self.chat(s.served_name))
+        self.record("ray_key_rotation", lambda: self.key_rotation(s, s.served_name))
         self.record("ray_liveness_serving", lambda: self.liveness(s))
         self.record("ray_rank_env", self.rank_env2)
         self.record("ray_frozen_remote_rank", lambda: self.frozen_remote(s))
@@ -354,6 +355,7 @@ class CpuTier(gpu.Tier):
                       timeout=s.vllm_timeout + s.join_timeout + 60),
             "log": self.node_log(leader, "n0")})
         self.record("native_chat", lambda: self.chat(s.served_name))
+        self.record("native_key_rotation", lambda: self.key_rotation(s, s.served_name))
         self.record("native_liveness_serving", lambda: self.liveness(s))
         self.record("native_rank_env", self.rank_env2)
         self.record("native_frozen_remote_rank", lambda: self.frozen_remote(s))
@@ -367,6 +369,37 @@ class CpuTier(gpu.Tier):
             "leader": self.remove_on(s, 0, commands.LEADER),
             "rank": self.remove_on(s, 1, commands.RANK)})
 
+
+    def key_rotation(self, s: specmod.ClusterSpec, served: str) -> dict:
+        """The apiKey rotated as the program rotates it: its file on the head written again
+        by the key's command (nothing restarts), then put back. The statuses of a request with
+        no key, the old key and the new one after each write, and the API container's
+        id and state before and after (the same: it was neither replaced nor stopped)."""
+        api = commands.container_name(s, commands.LEADER if s.backend == "native"
+                                      else commands.VLLM)
+
+        def started() -> str:
+            return self.docker("inspect", "--format", "{{.Id}} {{.State.Status}}", api,
+                               node="n0").stdout.strip()
+
+        body = {"model": served, "max_tokens": 1,
+                "messages": [{"role": "user", "content": "key"}]}
+
+        def statuses() -> dict:
+            return {who: self.http("POST", "/v1/chat/completions", body, key=k)["status"]
+                    for who, k in (("none", False), ("first", gpu.API_KEY), ("rotated", ROTATED))}
+
+        out: dict[str, Any] = {"started_before": started(), "before": statuses()}
+        for step, key in (("rotated", ROTATED), ("back", gpu.API_KEY)):
+            w = self.sh(commands.api_key_script(s, s.head), commands.api_key_text(key),
+                        timeout=60)
+            out[step] = {"write_rc": w["rc"], **statuses()}
+        out["started_after"] = started()
+        return out
+
+
+# the key the rotation scenario writes (CpuTier.key_rotation); the tier's own is gpu.API_KEY
+ROTATED = "sk-cpu-tier-rotated"
 
 PARTS = {"incident": CpuTier.incident_part, "ray": CpuTier.ray_part,
          "native": CpuTier.native_part}

@@ -271,12 +271,13 @@ class Tier:
 
     # --- HTTP ----------------------------------------------------------------------------
 
-    def http(self, method: str, path: str, body: Any = None, key: bool = True,
+    def http(self, method: str, path: str, body: Any = None, key: bool | str = True,
              timeout: float = 30) -> dict:
+        """One request; `key`: the tier's API key (True), none (False) or this one (a str)."""
         data = json.dumps(body).encode() if body is not None else None
         headers = {"Content-Type": "application/json"}
         if key:
-            headers["Authorization"] = f"Bearer {API_KEY}"
+            headers["Authorization"] = f"Bearer {API_KEY if key is True else key}"
         req = urllib.request.Request(f"http://{self.api_addr}:{self.port}{path}", data=data,
                                      headers=headers, method=method)
         start = now()

@@ -110,6 +110,20 @@ def test_tp2_across_the_two_nodes_serves(run: dict, backend: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["ray", "native"])
+def test_an_api_key_rotation_is_in_force_at_once_and_restarts_nothing(run: dict,
+                                                                      backend: str) -> None:
+    """Real vLLM with the program's middleware: the key's file written again by the key's
+    command (as `pulumi up` does on a rotation) is in force at the next request, the old key
+    refused, and the API server's container neither replaced nor stopped; then put back."""
+    kr = run["obs"][f"{backend}_key_rotation"]
+    assert kr["before"] == {"none": 401, "first": 200, "rotated": 401}, kr
+    assert kr["rotated"] == {"write_rc": 0, "none": 401, "first": 401, "rotated": 200}, kr
+    assert kr["back"] == {"write_rc": 0, "none": 401, "first": 200, "rotated": 401}, kr
+    assert kr["started_before"] == kr["started_after"], kr
+    assert kr["started_after"].endswith(" running"), kr
+
+
+@pytest.mark.parametrize("backend", ["ray", "native"])
 def test_each_rank_sees_its_own_nodes_fabric(run: dict, backend: str) -> None:
     """Read inside each rank (the env probe, after vLLM applied the driver's env): the rank
     on n1 has n1's interface and address, not the head's."""
