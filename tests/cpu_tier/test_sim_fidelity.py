@@ -34,7 +34,7 @@ KNOWN_DIFFERENCES = {
     "native: killed remote rank: the API container ends": "real `exited 0`, sim `running 0`",
     "native: killed remote rank: liveness": "real `exited (0)`, sim `wedged`",
     # and the headless node's container itself is a race in real vLLM: `running` in the run of
-    # 2026-12-02 10:57, `exited` in that of 22:49, `running` again at 12-03 00:33 (its main
+    # 2026-12-02 10:57, `exited` in that of 22:49, `running` again at 12-03 00:25 (its main
     # process may or may not notice rank 0 go first); vllm-sim's always exits
     "native: killed remote rank: the headless container": "real `running` or `exited`, sim "
                                                          "`exited`",
