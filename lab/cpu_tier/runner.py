@@ -125,11 +125,15 @@ class CpuTier(gpu.Tier):
 
     # --- what the GPU runner does on one machine, per node -----------------------------------
 
+    @staticmethod
+    def api_container(spec: specmod.ClusterSpec) -> str:
+        """The API server's container: vLLM's (Ray) or rank 0's (native)."""
+        return commands.container_name(
+            spec, commands.LEADER if spec.backend == "native" else commands.VLLM)
+
     def liveness(self, spec: specmod.ClusterSpec) -> dict:
-        """The refresh-time read of the API server's container: vLLM's (Ray) or rank 0's
-        (native), as liveness.observe runs it."""
-        role = commands.LEADER if spec.backend == "native" else commands.VLLM
-        r = self.sh(commands.inspect_script(commands.container_name(spec, role),
+        """The refresh-time read of the API server's container, as liveness.observe runs it."""
+        r = self.sh(commands.inspect_script(self.api_container(spec),
                                             commands.liveness_target(spec)),
                     commands.script_text("vllm_liveness.py"), timeout=120)
         r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
@@ -375,8 +379,7 @@ class CpuTier(gpu.Tier):
         by the key's command (nothing restarts), then put back. The statuses of a request with
         no key, the old key and the new one after each write, and the API container's
         id and state before and after (the same: it was neither replaced nor stopped)."""
-        api = commands.container_name(s, commands.LEADER if s.backend == "native"
-                                      else commands.VLLM)
+        api = self.api_container(s)
 
         def started() -> str:
             return self.docker("inspect", "--format", "{{.Id}} {{.State.Status}}", api,
