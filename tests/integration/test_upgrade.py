@@ -59,12 +59,10 @@ CONTAINERS = {"ray-head", "ray-worker-node-2", "ray-gate", "vllm-serve"}
 BASE_FILE = Path(__file__).with_name("upgrade_base")
 REPLACING = {"replace", "create-replacement", "delete-replaced", "create", "delete"}
 # what today's program changes on purpose in the base's deployment, and what the PR summary
-# says of it; empty from the landing after the change. ed14678's API server read the apiKey
-# from its env (VLLM_API_KEY); today it is a file of its own, written by its own command
-# (node.py api_key_command), so the API server's container is replaced once, alone.
-ON_PURPOSE = {"vllm-serve", "vllm-api-key"}  # replaced, and created
-ON_PURPOSE_SAID = ("the apiKey moves here from the API server's environment",
-                   "the apiKey moved to a file of its own (a rotation restarts nothing from now on)")
+# says of it; empty from the landing after the change (99428f4 moved the apiKey out of the API
+# server's env into a file of its own, replacing that container once; that was its landing).
+ON_PURPOSE: set[str] = set()  # replaced or created
+ON_PURPOSE_SAID: tuple[str, ...] = ()
 RESTARTED = {("node-1", "vllm")} if ON_PURPOSE else set()
 
 
