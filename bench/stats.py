@@ -87,8 +87,10 @@ def targets(runs: list[dict[str, Any]], preview: list[dict[str, Any]], join_cap:
         sv, bare, ray = m("spark-vllm", "cold_up"), m("bare", "cold_up"), m("launcher", "cold_up")
         r_bare, r_ray = _ratio(sv, bare), _ratio(sv, ray)
         if r_bare is not None:
-            out.append(Target(f"{n} nodes: cold up ≤ 1.5 × bare path",
-                              f"{sv:.1f} s vs {bare:.1f} s = {r_bare:.2f} ×", r_bare <= 1.5))
+            # issue 31's bound: the checks (preflight, image, staging, memory, fabric, Ray's
+            # gate) and the engine may cost a fifth of the floor, no more
+            out.append(Target(f"{n} nodes: cold up ≤ 1.2 × bare path",
+                              f"{sv:.1f} s vs {bare:.1f} s = {r_bare:.2f} ×", r_bare <= 1.2))
         if r_ray is not None:
             out.append(Target(f"{n} nodes: cold up faster than the launcher",
                               f"{sv:.1f} s vs {ray:.1f} s = {r_ray:.2f} ×", r_ray < 1.0))

@@ -1,8 +1,9 @@
 """FabricCheck: the fabric measured before any rank starts, gated on its verdict.
 
-Where it sits (program.py): after the image check, the head's staging and the memory check,
-before the copies (nothing else moves bulk data over the fabric while it measures) and before
-every container of both backends, Ray's included: a change that re-measures (an env value, an
+Where it sits (program.py): after the image check (it runs the serving image), beside the
+head's staging (which does not use the fabric), before the memory check (its ranks' NCCL
+buffers would read as used memory), before the copies (nothing else moves bulk data over the
+fabric while it measures) and before every container of both backends, Ray's included: a change that re-measures (an env value, an
 identity, the image) replaces the Ray containers too, and their old ones, with vLLM on them,
 would otherwise be stopped before the verdict. Two resources:
 
@@ -159,13 +160,14 @@ class FabricCheck(pulumi.ComponentResource):
 
     summary: pulumi.Output[Any]
     gate: pulumi.Resource | None
+    measured: list[pulumi.Resource]  # the run itself: what must be over before the memory check
 
     def __init__(self, name: str, spec: ClusterSpec, nodes: list[SparkNode],
                  ssh_private_key: pulumi.Input[str], after: list[pulumi.Resource],
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:fabric:FabricCheck", name, None, opts)
         if not fabric.needed(spec):
-            self.gate = None
+            self.gate, self.measured = None, []
             self.summary = pulumi.Output.from_input(
                 {"outcome": NONE, "message": "one node: no fabric to check"})
             self.register_outputs({"summary": self.summary})
@@ -175,6 +177,7 @@ class FabricCheck(pulumi.ComponentResource):
         self.check = check = _Check(f"{name}-check", props, pulumi.ResourceOptions(
             parent=self, additional_secret_outputs=["privateKey"],
             depends_on=[*after, *(n.preflight for n in nodes)]))
+        self.measured = [check]
         self.gate = node_command(
             f"{name}-gate", self, nodes[0],
             create=pulumi.Output.all(check.outcome, check.message).apply(

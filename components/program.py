@@ -137,23 +137,27 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         for n in spec.nodes
     ]
     # before any container: one image everywhere, the weights on the head
-    before: list[pulumi.Resource] = [
-        ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key).check]
+    image = ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key).check
+    before: list[pulumi.Resource] = [image]
     staging = None
     if spec.staged:
         staging = ModelStaging("model", ModelStagingArgs(
             spec=spec, nodes=nodes, ssh_private_key=secrets.ssh_private_key,
             hf_token=secrets.hf_token, after=tuple(before)))
         before.append(staging.stage)
-    # will vLLM fit, with the weights on the head (their config) and each node's free memory now
-    memory = MemoryCheck("memory", spec, nodes, ssh_private_key=secrets.ssh_private_key,
-                         after=list(before))
-    before.append(memory.check)
     # the fabric, measured while nothing else moves data over it (before the copies), gates
     # every container that would change: a refused fabric stops the `up` at its gate, before
-    # any old container is stopped, so a deployment that serves keeps serving
+    # any old container is stopped, so a deployment that serves keeps serving. It runs the
+    # serving image, so after the image check; beside the head's staging, which does not use
+    # the fabric (it reads the head's disk, or downloads over the head's own network)
     fabric = FabricCheck("fabric", spec, nodes, ssh_private_key=secrets.ssh_private_key,
-                         after=before)
+                         after=[image])
+    # will vLLM fit, with the weights on the head (their config) and each node's free memory
+    # now: read once the fabric check's ranks are gone (their NCCL buffers would read as used
+    # memory), beside the fabric's gate
+    memory = MemoryCheck("memory", spec, nodes, ssh_private_key=secrets.ssh_private_key,
+                         after=[*before, *fabric.measured])
+    before.append(memory.check)
     before += [fabric.gate] if fabric.gate else []
     copies: list[pulumi.Resource] = staging.copy(after=before) if staging else []
     # The copies to the other nodes are only for vLLM's ranks: Ray's containers start while

@@ -39,6 +39,8 @@ class RayCluster(pulumi.ComponentResource):
         super().__init__("spark-vllm:ray:RayCluster", name, None, opts)
         spec, nodes = args.spec, args.nodes
         preflights: list[pulumi.Resource] = [*(n.preflight for n in nodes), *args.after]
+        # what every container waits for: each node's preflight and every check
+        self.checks = tuple(preflights)
         head_node = nodes[0]
 
         self.head = container_command(

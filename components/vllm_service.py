@@ -38,9 +38,10 @@ class VllmService(pulumi.ComponentResource):
         stdin = vllm_stdin_secret(args.hf_token)
         # the key's file, written before vLLM starts and in place on a rotation: the
         # middleware reads it again when it changes, so a new apiKey restarts nothing
-        # (after the Ray gate, which follows every check: a refused up writes nothing)
+        # (after every check, beside Ray's containers: a refused up writes nothing, and a
+        # cold up does not wait for it after Ray's gate)
         self.api_key = api_key_command(f"{name}-api-key", self, args.head, spec, args.api_key,
-                                       depends_on=[args.head.preflight, cluster.gate,
+                                       depends_on=[args.head.preflight, *cluster.checks,
                                                    *args.after])
         self.serve = container_command(
             f"{name}-serve", self, args.head, spec, commands.VLLM,

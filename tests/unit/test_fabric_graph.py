@@ -41,16 +41,24 @@ def test_ray_backend_the_check_runs_before_the_copies_and_gates_every_container(
     g = graph(2)
     check, gate = g["fabric-check"], g["fabric-gate"]
     assert check.type == DYNAMIC
-    # after the weights are on the head and vLLM's memory was estimated (its NCCL buffers
-    # would read as used memory); before the copies (nothing else moves data over the fabric
-    # while it measures)
-    assert {g["memory-check"].urn, g["model-stage"].urn, g["node-1-preflight"].urn,
-            g["node-2-preflight"].urn} <= deps(check)
+    # after the image check (it runs the serving image) and beside the head's staging, which
+    # does not use the fabric: a cold up does not wait for one after the other
+    assert {g["image-check"].urn, g["node-1-preflight"].urn, g["node-2-preflight"].urn
+            } <= deps(check)
+    assert g["model-stage"].urn not in deps(check)
+    # before the memory check reads each node's free memory (the check's NCCL buffers would
+    # read as used), which then runs beside the gate
+    assert {check.urn, g["model-stage"].urn} <= deps(g["memory-check"])
+    assert g["memory-check"].urn not in deps(check)
     assert check.urn in deps(gate)
+    assert g["memory-check"].urn not in deps(gate)
     # every container waits for the verdict, so a refusal stops nothing that runs: a change
     # that replaces Ray replaces vLLM too, and Ray's old containers would go first
-    for name in ("model-copy-node-2", "ray-head", "ray-worker-node-2"):
+    for name in ("model-copy-node-2", "ray-head", "ray-worker-node-2", "vllm-api-key"):
         assert gate.urn in deps(g[name]), name  # (Ray's gate waits for Ray's containers)
+        assert g["memory-check"].urn in deps(g[name]), name
+    # the apiKey's file is written beside Ray's containers, not after Ray's gate
+    assert g["ray-gate"].urn not in deps(g["vllm-api-key"])
     # in no container's triggers: a new verdict restarts nothing
     for name in ("ray-head", "ray-worker-node-2", "ray-gate", "vllm-serve"):
         assert not {gate.urn, check.urn} & trigger_deps(g[name]), name
