@@ -1,4 +1,4 @@
-"""`python -m lab up|down|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|wedge|gpu-memory|model|info` (stdlib + PyYAML)."""
+"""`python -m lab up|down|images|status|ssh|reboot|power-off|power-on|block-fabric|unblock-fabric|wedge|gpu-memory|model|info` (stdlib + PyYAML)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,10 @@ def _parser() -> argparse.ArgumentParser:
     down.add_argument("--keep-volumes", action="store_true",
                       help="keep the nodes' /var/lib/docker volumes (next up skips the image load)")
     down.add_argument("-q", "--quiet", action="store_true")
+
+    img = sub.add_parser("images", help="build the lab's images (node, and vllm-sim for every vLLM "
+                         "release it plays) unless current; `up` builds what it needs itself")
+    img.add_argument("-q", "--quiet", action="store_true")
 
     sub.add_parser("status", help="one line per node: state, addresses, ssh, simulator image")
 
@@ -121,6 +125,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(line)
     elif args.cmd == "down":
         cluster.down(keep_volumes=args.keep_volumes, quiet=args.quiet)
+    elif args.cmd == "images":
+        for tag, image_id in cluster.build_images(quiet=args.quiet).items():
+            print(f"{tag} {image_id}")
     elif args.cmd == "status":
         lines = cluster.status()
         print("\n".join(lines) if lines else "lab is down (no nodes)")

@@ -184,6 +184,17 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
     return LabInfo(want, opts.mgmt_subnet, opts.fabric_subnet, opts.stack, dict(p.timings))
 
 
+def build_images(quiet: bool = False) -> dict[str, str | None]:
+    """Every image the lab runs, built unless current: the node image and vllm-sim for each
+    vLLM release it plays (CI builds them beside the engine's build, before the tests)."""
+    p = Progress(quiet=quiet)
+    with exclusive(_lock_file(), "images", p), p.step("images"):
+        tags = [images.ensure_node_image(p)]
+        tags += [images.ensure_inner_image(p, vllm_version=v)
+                 for v in (config.SIM_VLLM_VERSION, config.LEGACY_SIM_VLLM_VERSION)]
+    return {tag: images.image_id(tag) for tag in tags}
+
+
 def down(keep_volumes: bool = False, quiet: bool = False) -> dict[str, float]:
     """Remove every container, network (and volume) labelled spark-vllm-lab=1; nothing else."""
     p = Progress(quiet=quiet)
