@@ -41,8 +41,11 @@ _svl_env() {
         target=$(readlink -f "$plugdir/pulumi-$kind-$name") || return 1
         out="$PULUMI_HOME/plugins/$leaf"
         if [ "$(readlink -f "$out/pulumi-$kind-$name" 2>/dev/null)" != "$target" ]; then
-            rm -rf "$out" "$out.lock" "$out.partial" && mkdir -p "$out" &&
-                ln -s "$target" "$out/pulumi-$kind-$name" ||
+            # a new link renamed over the old name: two shells sourcing this at once (the lab
+            # suite and the rest of the tests start together) both end with the right link
+            rm -rf "$out.lock" "$out.partial" && mkdir -p "$out" &&
+                ln -sfn "$target" "$out/.pulumi-$kind-$name.$$" &&
+                mv -Tf "$out/.pulumi-$kind-$name.$$" "$out/pulumi-$kind-$name" ||
                 { echo "lab/env.sh: linking the $kind plugin $name into $out failed" >&2; return 1; }
         fi
     done
