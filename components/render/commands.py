@@ -589,15 +589,24 @@ def start_bound_lines(spec: ClusterSpec) -> list[str]:
     $bound (why in $why), from what the node must do: vllmTimeout, plus the weights' read
     (the model's size in hfCache over the nodes, at LOAD_RATE_MIB_S), plus COLD_COMPILE_S when
     the node's compile cache holds no compiled graph (or compileCache is none). Exported as
-    VLLM_ENGINE_READY_TIMEOUT_S, which the container takes by name."""
+    VLLM_ENGINE_READY_TIMEOUT_S, which the container takes by name.
+
+    The weights are the served revision's snapshot (huggingface_hub's refs/<revision> names its
+    commit; a commit given as modelRevision is its own): an hfCache that also holds an older
+    revision of the model does not count it. With no such snapshot, every snapshot counts (a
+    longer bound, never a shorter one)."""
     lines = [f"bound={spec.vllm_timeout}; why='vllmTimeout {spec.vllm_timeout} s'"]
     org_name = spec.model.split("/")
     if len(org_name) == 2 and not spec.model.startswith(("/", ".")):
-        repo = f"{spec.hf_cache.rstrip('/')}/hub/models--{org_name[0]}--{org_name[1]}/snapshots"
+        repo = f"{spec.hf_cache.rstrip('/')}/hub/models--{org_name[0]}--{org_name[1]}"
+        rev = shlex.quote(spec.model_revision or "main")
         nodes = len(spec.nodes)
         per = f" over {nodes} nodes" if nodes > 1 else ""
         lines += [
-            f"kib=$(du -sLk {shlex.quote(repo)} 2>/dev/null | cut -f1); kib=${{kib:-0}}",
+            f"repo={shlex.quote(repo)}",
+            f'snap="$repo/snapshots/$(cat "$repo/refs/"{rev} 2>/dev/null || echo {rev})"',
+            '[ -d "$snap" ] || snap="$repo/snapshots"',
+            'kib=$(du -sLk "$snap" 2>/dev/null | cut -f1); kib=${kib:-0}',
             f"w=$((kib / 1024 / {LOAD_RATE_MIB_S} / {nodes}))",
             'if [ "$w" -gt 0 ]; then bound=$((bound + w)); '
             f'why="$why + $w s to read $((kib / 1048576)).$((kib * 10 / 1048576 % 10)) GiB of '

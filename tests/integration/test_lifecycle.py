@@ -18,6 +18,7 @@ from tests.integration.engine import (
     REMEASURED,
     REPO,
     STACK,
+    Container,
     Lab,
     Run,
     captures_match,
@@ -26,6 +27,7 @@ from tests.integration.engine import (
     docker_events,
     engine_env,
     node_sh,
+    nodes_snapshot,
     planned,
     ray_nodes,
 )
@@ -33,6 +35,13 @@ from tests.integration.engine import (
 pytestmark = pytest.mark.integration
 
 NODES = ["node-1", "node-2"]
+
+
+def assert_unchanged(before: list[Container]) -> None:
+    """The same containers, ids and start times, all running; else what the nodes hold (each
+    container's state, exit code and last log lines)."""
+    now = containers(NODES)
+    assert now == before, f"{now}\n!= {before}\n{nodes_snapshot()}"
 CHAIN = ["vllm-serve", "ray-gate", "ray-worker-node-2", "ray-head"]  # deepest first
 RAY_ROLES = ("ray-head", "ray-worker")
 
@@ -155,7 +164,7 @@ def test_2_noop_up_runs_nothing(lab2: Lab) -> None:
     since = time.time()
     run = ok(lab2.up())
     assert run.changed() == {}
-    assert containers(NODES) == before  # same ids, same start times
+    assert_unchanged(before)  # same ids, same start times
     assert docker_events(NODES, since, time.time()) == []
     print(f"no-op up: {run.seconds:.1f} s")
 
@@ -181,7 +190,7 @@ def test_2b_refresh_keeps_a_healthy_stack(lab2: Lab) -> None:
     assert {s.op for s in up.steps} <= {"refresh", "same"}, up.ops("done")
     assert [(s.name, s.diffs) for s in up.steps if s.diffs] == []
 
-    assert containers(NODES) == before  # same ids, same start times
+    assert_unchanged(before)  # same ids, same start times
     # the reads ran: vLLM's liveness asked the server (a `docker exec` of the probe); nothing
     # else happened to any container
     events = docker_events(NODES, since, time.time())
@@ -231,7 +240,7 @@ def test_3b_a_refused_fabric_stops_the_up_before_any_container_changes(lab2: Lab
         assert "fabric check could not run (node-1: torch is not importable" in text, text[-3000:]
         assert "Nothing started" in text and "fabricCheck.onUnavailable" in text
         assert "Traceback" not in text and "unhandled exception" not in text, text[-3000:]
-        assert containers(NODES) == before  # nothing stopped, nothing started
+        assert_unchanged(before)  # nothing stopped, nothing started
         events = docker_events(NODES, since, time.time())
         assert [e for e in events if e.role != "fabric-check"] == [], events
         # the check's short-lived container ran on each node and is gone
@@ -245,7 +254,7 @@ def test_3b_a_refused_fabric_stops_the_up_before_any_container_changes(lab2: Lab
         lab2.set("env", {"NCCL_DEBUG": "INFO"})
     again = ok(lab2.up())  # the triggers are the old ones: it runs because it refused
     assert planned(again) == {REMEASURED}, again.changed()
-    assert containers(NODES) == before
+    assert_unchanged(before)
     fabric = lab2.outputs()["fabric"]
     assert fabric["outcome"] == "warn" and "onUnavailable: warn" in fabric["message"]
     # on demand, beside the serving stack: no verdict here (no torch), said, and nothing touched
@@ -254,7 +263,7 @@ def test_3b_a_refused_fabric_stops_the_up_before_any_container_changes(lab2: Lab
                           env={**os.environ, **engine_env()}, timeout=300)
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "fabric check could not run (node-1: torch is not importable" in proc.stdout
-    assert containers(NODES) == before
+    assert_unchanged(before)
 
 
 def test_4_identity_change_moves_the_head(lab2: Lab) -> None:

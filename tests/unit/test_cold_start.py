@@ -108,16 +108,39 @@ def test_docker_passes_the_exported_bound_into_the_container(tmp_path: Path) -> 
 
 # --- the start's bound and the phase it names ---------------------------------------------------
 
-def _weights(hf: Path, mib: int) -> None:
-    """A model in hfCache as huggingface_hub lays it out: blobs, and a snapshot of symlinks."""
-    blobs = hf / "hub" / "models--Qwen--Q" / "blobs"
-    snap = hf / "hub" / "models--Qwen--Q" / "snapshots" / "abc"
-    blobs.mkdir(parents=True)
+def _weights(hf: Path, mib: int, commit: str = "abc", ref: str | None = "main") -> None:
+    """A model in hfCache as huggingface_hub lays it out: blobs, a snapshot of symlinks and the
+    ref that names it."""
+    repo = hf / "hub" / "models--Qwen--Q"
+    blobs, snap = repo / "blobs", repo / "snapshots" / commit
+    blobs.mkdir(parents=True, exist_ok=True)
     snap.mkdir(parents=True)
-    with (blobs / "b1").open("wb") as f:
+    with (blobs / commit).open("wb") as f:
         for _ in range(mib):
             f.write(os.urandom(1024 * 1024))
-    (snap / "model.safetensors").symlink_to(blobs / "b1")
+    (snap / "model.safetensors").symlink_to(blobs / commit)
+    if ref:
+        (repo / "refs").mkdir(exist_ok=True)
+        (repo / "refs" / ref).write_text(commit)
+
+
+def test_the_weights_are_the_served_revisions_not_every_one_in_the_cache(
+        tmp_path: Path) -> None:
+    """An older revision of the model beside the served one (a lab node that served a bigger
+    model under the same name failed a lab test's bound by 15 s) does not count."""
+    hf = tmp_path / "hf"
+    _weights(hf, 500, commit="old", ref=None)
+    _weights(hf, 210, commit="abc", ref="main")
+    _weights(hf, 320, commit="c0ffee", ref=None)
+    for revision, read in ((None, 2), ("c0ffee", 3), ("v9", 10)):  # v9: no such snapshot: all
+        spec = spec_from(lab_nodes(1), stack="one", image="img:1", model="Qwen/Q",
+                         tensorParallelSize=1, hfCache=str(hf), compileCache="none",
+                         vllmTimeout=100, **({"modelRevision": revision} if revision else {}))
+        d = tmp_path / f"run-{revision}"
+        d.mkdir()
+        out = run_with_fake_docker(ray_backend.vllm_start_script(spec), tmp=d,
+                                   stdin=c.vllm_stdin(None))
+        assert f"(vllmTimeout 100 s + {read} s to read" in out["_stderr"][0], (revision, out)
 
 
 def test_the_bound_grows_with_the_weights_and_a_cold_compile_cache(tmp_path: Path) -> None:
