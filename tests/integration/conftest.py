@@ -45,16 +45,15 @@ def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int =
                                  sim_vllm_version=sim_vllm_version,
                                  model_bytes=config.TEST_MODEL_BYTES))
     lab = Lab()
-    lab.set_secrets(API_KEY)
-    lab.set("rayTimeout", ray_timeout)
-    lab.set("vllmTimeout", 120)
-    lab.set("sshDialTimeout", TEST_DIAL_TIMEOUT_S)
-    # liveness: vllm-sim's one-token canary answers in well under a second; a rank that died
-    # or froze is named after these instead of the defaults' 30 s + 60 s, on every status and
-    # refresh that meets one (test_wedge sets its own, shorter still)
-    lab.set("canaryTimeout", TEST_CANARY_S)
-    lab.set("wedgeWindow", TEST_WEDGE_WINDOW_S)
-    lab.set("env", lab.get("env"))  # with Lab.TEST_ENV under it
+    # one CLI run for all of them (each `pulumi config set` is one)
+    lab.set_all({
+        "rayTimeout": ray_timeout, "vllmTimeout": 120, "sshDialTimeout": TEST_DIAL_TIMEOUT_S,
+        # liveness: vllm-sim's one-token canary answers in well under a second; a rank that
+        # died or froze is named after these instead of the defaults' 30 s + 60 s, on every
+        # status and refresh that meets one (test_wedge sets its own, shorter still)
+        "canaryTimeout": TEST_CANARY_S, "wedgeWindow": TEST_WEDGE_WINDOW_S,
+        "env": lab.get("env"),  # with Lab.TEST_ENV under it
+    }, Lab.secrets(API_KEY))
     return lab
 
 

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +128,29 @@ def _recorder(run: Run) -> Any:
     return on_event
 
 
+@contextmanager
+def _no_readback(stack: auto.Stack) -> Iterator[None]:
+    """The Automation API's up, destroy and refresh read the stack's outputs and its history
+    after the run: two more CLI runs (~1 s under the suite's load), whose results `_run` drops
+    (a test reads the outputs itself, Lab.outputs). The CLI run itself is untouched."""
+    stack.outputs = lambda: {}  # type: ignore[method-assign]
+    stack.info = lambda *_a, **_k: _NO_SUMMARY  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del stack.outputs, stack.info  # the class's own again
+
+
+_NO_SUMMARY = object()
+
+
+def _value(key: str, value: Any) -> auto.ConfigValue:
+    """A config value as the CLI takes it; `env` with Lab.TEST_ENV under it."""
+    if key == "env" and isinstance(value, dict):
+        value = {**TEST_ENV, **value}
+    return auto.ConfigValue(value if isinstance(value, str) else json.dumps(value))
+
+
 class Lab:
     """One stack on the lab, its config, and the nodes behind it. `work_dir`: the project whose
     program runs (another commit's, for an upgrade; the same stack, state and stack file)."""
@@ -138,16 +163,19 @@ class Lab:
             opts=auto.LocalWorkspaceOptions(env_vars=engine_env()))
 
     # --- config ---------------------------------------------------------------------------
-    def set_secrets(self, api_key: str) -> None:
-        self.stack.set_config("spark-vllm:sshPrivateKey",
-                              auto.ConfigValue(keys.client_key().read_text(), secret=True))
-        self.stack.set_config("spark-vllm:apiKey", auto.ConfigValue(api_key, secret=True))
+    @staticmethod
+    def secrets(api_key: str) -> dict[str, str]:
+        return {"sshPrivateKey": keys.client_key().read_text(), "apiKey": api_key}
 
     def set(self, key: str, value: Any, path: bool = False) -> None:
-        if key == "env" and isinstance(value, dict):
-            value = {**TEST_ENV, **value}
-        text = value if isinstance(value, str) else json.dumps(value)
-        self.stack.set_config(f"spark-vllm:{key}", auto.ConfigValue(text), path=path)
+        self.stack.set_config(f"spark-vllm:{key}", _value(key, value), path=path)
+
+    def set_all(self, values: dict[str, Any], secrets: dict[str, str] | None = None) -> None:
+        """Several keys in one CLI run (`pulumi config set-all`), secrets among them."""
+        config = {f"spark-vllm:{k}": _value(k, v) for k, v in values.items()}
+        config.update({f"spark-vllm:{k}": auto.ConfigValue(v, secret=True)
+                       for k, v in (secrets or {}).items()})
+        self.stack.set_all_config(config)
 
     def get(self, key: str) -> Any:
         value = self.stack.get_all_config()[f"spark-vllm:{key}"].value
@@ -169,7 +197,8 @@ class Lab:
 
         start = time.monotonic()
         try:
-            getattr(self.stack, verb)(on_event=_recorder(run), on_output=on_output, **kw)
+            with _no_readback(self.stack):
+                getattr(self.stack, verb)(on_event=_recorder(run), on_output=on_output, **kw)
         except auto.CommandError as err:
             run.error = str(err)
         finally:
