@@ -3,9 +3,10 @@
 Where it sits (program.py): after the image check (it runs the serving image), beside the
 head's staging (which does not use the fabric), before the memory check (its ranks' NCCL
 buffers would read as used memory), before the copies (nothing else moves bulk data over the
-fabric while it measures) and before every container of both backends, Ray's included: a change that re-measures (an env value, an
-identity, the image) replaces the Ray containers too, and their old ones, with vLLM on them,
-would otherwise be stopped before the verdict. Two resources:
+fabric while it measures) and before every container of both backends, Ray's included: a
+change that re-measures (an env value, an identity, the image) replaces the Ray containers too,
+and their old ones, with vLLM on them, would otherwise be stopped before the verdict. Two
+resources:
 
 - `fabric-check`, a dynamic resource (served by Pulumi's own pulumi-resource-pulumi-python, as
   liveness.py's). Its create runs the check: on every node at once, over SSH (ssh.py, the
