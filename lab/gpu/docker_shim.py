@@ -79,6 +79,36 @@ def status(name: str) -> str:
     return "running"
 
 
+def stop_supervisor(name: str) -> None:
+    """Kill the container's supervisor and wait until it is gone (deadline 10 s). A supervisor
+    that outlives `rm` writes its container's exit code late: into the directory `rm` is
+    removing (left behind with only that file, the name stays "in use": every later `docker
+    run` of it fails with 125), or into the directory of the next container of that name
+    (which then reads "exited" while it runs)."""
+    pid = int(_read(cdir(name) / "supervisor") or 0)
+    if not pid:
+        return
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return
+    if b"_supervise" not in cmdline or name.encode() not in cmdline:
+        return  # gone, and its pid taken by another process
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:  # gone, or a zombie its reaper has not collected yet: it writes nothing more
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.01)
+    die(f"Error response from daemon: could not stop the supervisor of {name} (pid {pid})")
+
+
 def members(mntns: str) -> list[int]:
     """Every process whose mount namespace is `mntns` (a container's processes)."""
     out = []
@@ -201,8 +231,10 @@ def cmd_run(argv: list[str], create: bool = False) -> None:
 
 def _launch(name: str) -> None:
     log = open(cdir(name) / "log", "ab")
-    subprocess.Popen([sys.executable, __file__, "_supervise", name], stdin=subprocess.DEVNULL,
-                     stdout=log, stderr=log, start_new_session=True, close_fds=True)
+    sup = subprocess.Popen([sys.executable, __file__, "_supervise", name],
+                           stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                           start_new_session=True, close_fds=True)
+    (cdir(name) / "supervisor").write_text(str(sup.pid))
     for _ in range(200):  # the container is "running" once its init has its namespace
         if (cdir(name) / "mntns").exists() or exit_code(name) is not None:
             break
@@ -336,6 +368,7 @@ def cmd_rm(argv: list[str]) -> None:
                   file=sys.stderr)
             failed.append(name)
             continue
+        stop_supervisor(name)
         kill_all(name)
         if "--volumes" in argv or "-v" in argv:
             shutil.rmtree(VOLUMES / config["id"], ignore_errors=True)
