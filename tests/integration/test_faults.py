@@ -180,7 +180,10 @@ def _interrupted_up(lab: Lab, at: str, times: int, debug: str) -> tuple[Path, fl
     """`pulumi up` of an env change, Ctrl-C'd `times` times once `at`'s command is running;
     returns the CLI's log and the seconds from the last Ctrl-C to its exit."""
     _, command, _, _ = CTRL_C_AT[at]
-    lab.set("env", {"NCCL_DEBUG": debug, "VLLM_SIM_LOAD_SECONDS": "12"})
+    # a vLLM load long enough to be Ctrl-C'd in; a worker's join needs no longer one (its
+    # rerun's vLLM start would only wait out the 12 s)
+    lab.set("env", {"NCCL_DEBUG": debug,
+                    **({"VLLM_SIM_LOAD_SECONDS": "12"} if at == "vllm-load" else {})})
     log = REPO / ".lab" / "logs" / f"ctrl-c-{times}-{at}.log"
     up = _cli_up(log)
     _wait_for(log, f"{command} creating")
