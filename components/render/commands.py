@@ -399,14 +399,17 @@ def keep_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
 
 def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: list[str],
                sleep_s: float = POLL_INTERVAL_S, check_every: int = 1,
-               timed_out: str | None = None, shown: str | None = None) -> list[str]:
+               timed_out: str | None = None, shown: str | None = None,
+               stopped: Sequence[str] = ()) -> list[str]:
     """Poll until `ready_test` passes; fail when the container stops, a check fails or time is
     up. Every `check_every` rounds the container's state and (when a check matches it) its
     last 200 log lines are read once (two docker calls: many nodes share few CPUs on the lab,
     and a Spark's are busy starting Ray); `has TEXT` matches those lines without another
     process. `timeout_s`: seconds, or a shell variable's `$name` holding them (a bound the
     script computes on the node); `timed_out`: the failure's text when time is up; `shown`:
-    the bound the progress lines name, when not `timeout_s`."""
+    the bound the progress lines name, when not `timeout_s`; `stopped`: lines run once the
+    container is found stopped, before the failure that says so (they may fail with a cause
+    of their own), which names its exit code."""
     # the head's test reads /proc only: its log is read only by checks that match it (`has`)
     reads_logs = any("has " in test for test in (ready_test, *extra_checks))
     timed_out = timed_out or f"not ready within {timeout_s} s"
@@ -416,7 +419,11 @@ def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: l
         "while :; do",
         f"  if [ $((round % {check_every})) -eq 0 ]; then",
         '    status=$(docker inspect --format "{{.State.Status}}" "$name" 2>/dev/null || echo gone)',
-        '    [ "$status" = running ] || fail "container is $status before ready"',
+        '    if [ "$status" != running ]; then',
+        *[f"      {line}" for line in stopped],
+        "      code=$(docker inspect --format '{{.State.ExitCode}}' \"$name\" 2>/dev/null || true)",
+        '      fail "container is $status${code:+ (exit code $code)} before ready"',
+        "    fi",
         *(['    logs=$(docker logs --tail 200 "$name" 2>&1 || true)'] if reads_logs else []),
         "  fi",
         "  round=$((round + 1))",

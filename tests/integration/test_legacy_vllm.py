@@ -17,6 +17,7 @@ from tests.integration.test_lifecycle import (
     RAY_ROLES,
     assert_ordered_replacement,
     assert_serving,
+    failed_lines,
     lab_identities,
     ok,
 )
@@ -61,8 +62,9 @@ def test_l4_legacy_worker_that_cannot_reach_the_head_fails_fast(lab2_legacy: Lab
     cluster.block_fabric("node-1", "node-2")
     try:
         run = lab2_legacy.up()
-        assert run.error is not None and "cannot reach the Ray head node-1" in run.error
-        assert "no answer within 2 s" in run.error  # the connect's own outcome, named
+        said = failed_lines(run, "node-2", "ray-worker")
+        assert said and "cannot reach the Ray head node-1" in said[0], run.failure()
+        assert "no answer within 2 s" in said[0], said  # the connect's own outcome, named
         worker = [s for s in run.steps if s.name == "ray-worker-node-2"]
         took = max(s.t for s in worker if s.phase == "failed") - min(
             s.t for s in worker if s.phase == "pre" and s.op.startswith("create"))

@@ -381,6 +381,13 @@ def test_7a_preflight_refuses_a_wrong_fabric_ip(lab2: Lab) -> None:
     assert_serving(lab2, {"node-1": lab2.get("nodes")[0]["fabricIp"], "node-2": node2.fabric_ip})
 
 
+def failed_lines(run: Run, node: str, role: str) -> list[str]:
+    """The FAILED lines a command printed (its script's text, quoted whole in the engine's
+    error, holds the same words with `$why` where the outcome goes: never match that)."""
+    return [ln.strip() for ln in (run.error or "").splitlines()
+            if ln.strip().startswith(f"[spark-vllm] {node}: {role}: FAILED:")]
+
+
 def test_7b_a_worker_that_cannot_reach_the_head_fails_fast(lab2: Lab) -> None:
     """The fabric between the nodes drops everything: the worker's own command sees `ray start`
     fail to reach the head's GCS and says so within seconds (not rayTimeout, not vLLM's 1800 s),
@@ -400,11 +407,16 @@ def test_7b_a_worker_that_cannot_reach_the_head_fails_fast(lab2: Lab) -> None:
         worker = [s for s in run.steps if s.name == "ray-worker-node-2"]
         started = min(s.t for s in worker if s.phase == "pre" and s.op.startswith("create"))
         failed = max(s.t for s in worker if s.phase == "failed")
-        # `ray start` logs its GCS line after 5 s; two connects 3 s apart, 2 s each: ~12 s
+        # `ray start` logs its GCS line after 5 s; two connects 3 s apart, 2 s each: ~12 s.
+        # Or it gives up and exits first (once in a CI run, 4 s in): one connect, then
         assert failed - started < 30, f"worker took {failed - started:.1f} s to fail"
-        assert f"cannot reach the Ray head node-1 at {head_ip}:6379 from {worker_ip}" in run.error
-        assert "no answer within 2 s" in run.error  # the connect's own outcome, named
-        assert "Failed to connect to GCS" in run.error  # the worker's own log, shown
+        said = failed_lines(run, "node-2", "ray-worker")
+        assert said, run.failure()
+        assert f"cannot reach the Ray head node-1 at {head_ip}:6379 from {worker_ip}" in said[0]
+        assert "no answer within 2 s" in said[0], said  # the connect's own outcome, named
+        # the worker's own log, shown under it
+        assert any(ln.strip().startswith("|") and f"Local node IP: {worker_ip}" in ln
+                   for ln in run.error.splitlines()), run.failure()
         assert "Traceback" not in run.error
         assert not any(s.name in ("ray-gate", "vllm-serve") for s in run.steps
                        if s.phase == "pre" and s.op.startswith("create"))  # deleted, not started

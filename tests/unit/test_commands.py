@@ -319,7 +319,8 @@ case "$sub" in
         [ -e "$FAKE/exec-rc" ] && exit "$(cat "$FAKE/exec-rc")"; [ ! -e "$FAKE/exec-fails" ] ;;
   image) echo sha256:feedface ;;
   cp) rm -rf "$FAKE/copied"; cp -r "$2" "$FAKE/copied" ;;
-  inspect) cat "$FAKE/status" 2>/dev/null || echo running ;;
+  inspect) case "$*" in *State.ExitCode*) cat "$FAKE/exitcode" 2>/dev/null || echo 0 ;;
+           *) cat "$FAKE/status" 2>/dev/null || echo running ;; esac ;;
   logs) cat "$FAKE/logs" 2>/dev/null || echo "Ray runtime started." ;;
   rm) [ -e "$FAKE/rm-fails" ] && { echo "Cannot connect to the Docker daemon" >&2; exit 1; }
       [ -e "$FAKE/gone" ] && { echo "Error: No such container: x" >&2; exit 1; }; exit 0 ;;
@@ -429,7 +430,7 @@ def test_start_failure_shows_logs_and_leaves_nothing(tmp_path: Path) -> None:
     out = run_with_fake_docker(ray_backend.head_start_script(spec),
                                status="exited", tmp=tmp_path, check=False)
     assert out["_rc"] == ["1"]
-    assert "FAILED: container is exited before ready" in out["_stderr"][0]
+    assert "FAILED: container is exited (exit code 0) before ready" in out["_stderr"][0]
     assert "    | Ray runtime started." in out["_stderr"][0]  # the log tail is shown
     assert not (tmp_path / ".spark-vllm" / "duo" / "ray-head.env").exists()
     rm_calls = (tmp_path / "calls.rm").read_bytes().decode().split("\0")
@@ -614,6 +615,60 @@ def test_a_worker_names_a_head_whose_ray_stopped(tmp_path: Path) -> None:
             "2 times, 3 s apart: nothing listens on its GCS port") in err
     assert "head's Ray stopped since (its log says why: spark-vllm status)" in err
     assert "check the fabric" not in err
+
+
+def test_a_worker_whose_ray_exited_names_the_unreachable_head(tmp_path: Path) -> None:
+    """`ray start` gave up and exited before its GCS line (a CI run of the lab: its log said
+    no more than the node's IP, 4 s after the start, on a cut fabric): one connect names the
+    path, where the worker said only "container is exited before ready"."""
+    listener, fillers = silent_port()
+    port = listener.getsockname()[1]
+    try:
+        spec = loopback_duo(port)
+        (tmp_path / "logs").write_text("Local node IP: 192.168.200.13\n")
+        (tmp_path / "exitcode").write_text("1\n")
+        out = run_with_fake_docker(ray_backend.worker_start_script(spec, spec.nodes[1]),
+                                   status="exited", tmp=tmp_path, check=False)
+    finally:
+        for s in (listener, *fillers):
+            s.close()
+    assert out["_rc"] == ["1"]
+    err = out["_stderr"][0]
+    assert ("spark-b: ray-worker: FAILED: cannot reach the Ray head spark-a at "
+            f"127.0.0.1:{port} from 192.168.200.13 (the worker's Ray exited; a TCP connect "
+            "from this node: no answer within 2 s): check the fabric link") in err
+    assert "    | Local node IP: 192.168.200.13" in err  # its log, shown
+    assert not (tmp_path / ".spark-vllm" / "duo" / "ray-worker.env").exists()
+    assert "spark-vllm-duo-ray-worker" in out["rm"]
+
+
+def test_a_worker_whose_ray_exited_names_a_head_whose_ray_stopped(tmp_path: Path) -> None:
+    port = closed_port()
+    spec = loopback_duo(port)
+    out = run_with_fake_docker(ray_backend.worker_start_script(spec, spec.nodes[1]),
+                               status="exited", tmp=tmp_path, check=False)
+    err = out["_stderr"][0]
+    assert out["_rc"] == ["1"]
+    assert (f"FAILED: the worker's Ray exited, and the Ray head spark-a at 127.0.0.1:{port} "
+            "refused a connection from this node: nothing listens on its GCS port") in err
+    assert "check the fabric" not in err
+
+
+def test_a_worker_whose_ray_exited_with_the_head_reachable_says_its_exit_code(
+        tmp_path: Path) -> None:
+    """The head's GCS takes the connect: the path is not the cause, the worker's own exit is."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    try:
+        spec = loopback_duo(listener.getsockname()[1])
+        (tmp_path / "exitcode").write_text("137\n")
+        out = run_with_fake_docker(ray_backend.worker_start_script(spec, spec.nodes[1]),
+                                   status="exited", tmp=tmp_path, check=False)
+    finally:
+        listener.close()
+    err = out["_stderr"][0]
+    assert out["_rc"] == ["1"]
+    assert "spark-b: ray-worker: FAILED: container is exited (exit code 137) before ready" in err
+    assert "cannot reach" not in err.split("FAILED:", 1)[1].split("\n", 1)[0]
 
 
 def test_a_worker_waits_for_a_slow_gcs_that_answers(tmp_path: Path) -> None:

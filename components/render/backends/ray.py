@@ -197,10 +197,24 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'(a TCP connect from this node, {GCS_PROBE_FAILS} times {GCS_PROBE_EVERY_S} s apart: '
         '$why): check the fabric link, routes and firewall between the two"; fi; fi; fi'
     )
+    # `ray start` may also give up on an unreachable head and exit (seen on the lab within 4 s,
+    # its log saying no more than the node's IP): one connect then names the path, as above
+    exited = (
+        f"if why=$({probe}); then :; "
+        'elif case "$why" in refused*) true ;; *) false ;; esac; then '
+        f'fail "the worker\'s Ray exited, and the Ray head {spec.head.name} at {gcs} refused a '
+        "connection from this node: nothing listens on its GCS port although it did when the "
+        "head's command returned, so the head's Ray stopped since (its log says why: spark-vllm "
+        'status)"; '
+        f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
+        "(the worker's Ray exited; a TCP connect from this node: $why): check the fabric link, "
+        'routes and firewall between the two"; fi'
+    )
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
         ready=_wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
-                         f"Ray worker to join the head at {gcs}", [unreachable]))
+                         f"Ray worker to join the head at {gcs}", [unreachable],
+                         stopped=[exited]))
 
 
 def vllm_start_script(spec: ClusterSpec) -> str:
