@@ -76,6 +76,14 @@ class Run:
                 and not s.type.startswith("pulumi:providers:")}
 
 
+def failed_lines(run: Run, node: str, role: str) -> list[str]:
+    """The FAILED lines a command printed (its script's text, quoted whole in the engine's
+    error, holds the same words with `$why` where the outcome goes: never match that). `role`:
+    what the command's log lines name after the node (ray-worker, vllm-rank, model copy to …)."""
+    return [ln.strip() for ln in (run.error or "").splitlines()
+            if ln.strip().startswith(f"[spark-vllm] {node}: {role}: FAILED:")]
+
+
 # the fabric check, its gate and their component (components/fabric_check.py): a change of what
 # it measures (an env value, an identity, the image) measures again, in place, before any
 # container changes. Its gate takes the verdict's text: whether the engine updates it in place

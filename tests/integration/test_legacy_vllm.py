@@ -10,14 +10,13 @@ import time
 import pytest
 
 from lab import cluster, config
-from tests.integration.engine import Lab, containers
+from tests.integration.engine import Lab, containers, failed_lines
 from tests.integration.test_lifecycle import (
     CHAIN,
     NODES,
     RAY_ROLES,
     assert_ordered_replacement,
     assert_serving,
-    failed_lines,
     lab_identities,
     ok,
 )

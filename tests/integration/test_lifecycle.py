@@ -26,6 +26,7 @@ from tests.integration.engine import (
     containers,
     docker_events,
     engine_env,
+    failed_lines,
     node_sh,
     nodes_snapshot,
     planned,
@@ -379,13 +380,6 @@ def test_7a_preflight_refuses_a_wrong_fabric_ip(lab2: Lab) -> None:
         lab2.set("nodes[1].fabricIp", node2.fabric_ip, path=True)
     ok(lab2.up())
     assert_serving(lab2, {"node-1": lab2.get("nodes")[0]["fabricIp"], "node-2": node2.fabric_ip})
-
-
-def failed_lines(run: Run, node: str, role: str) -> list[str]:
-    """The FAILED lines a command printed (its script's text, quoted whole in the engine's
-    error, holds the same words with `$why` where the outcome goes: never match that)."""
-    return [ln.strip() for ln in (run.error or "").splitlines()
-            if ln.strip().startswith(f"[spark-vllm] {node}: {role}: FAILED:")]
 
 
 def test_7b_a_worker_that_cannot_reach_the_head_fails_fast(lab2: Lab) -> None:

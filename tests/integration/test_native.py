@@ -31,6 +31,7 @@ from tests.integration.engine import (
     containers,
     docker_events,
     engine_env,
+    failed_lines,
     node_sh,
 )
 
@@ -284,8 +285,10 @@ def test_5_a_node_that_cannot_reach_rank_0_is_named_in_seconds(lab2n: Lab) -> No
         started = min(s.t for s in rank if s.phase == "pre" and s.op.startswith("create"))
         failed = max(s.t for s in rank if s.phase == "failed")
         assert failed - started < 15, f"the rank took {failed - started:.1f} s to fail"
-        assert (f"cannot reach rank 0 (node-1) at {head_ip}:29501 from {worker_ip}"
-                in run.error), run.error[-2000:]
+        said = failed_lines(run, "node-2", "vllm-rank")  # not the script's own text
+        assert said and (f"cannot reach rank 0 (node-1) at {head_ip}:29501 from {worker_ip}"
+                         in said[0]), run.failure()
+        assert "no answer within" in said[0], said  # the connect's own outcome, named
         assert "Traceback" not in run.error
         assert not any(s.name == "vllm-leader" for s in run.steps
                        if s.phase == "pre" and s.op.startswith("create"))
