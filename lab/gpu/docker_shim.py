@@ -79,34 +79,34 @@ def status(name: str) -> str:
     return "running"
 
 
-def stop_supervisor(name: str) -> None:
-    """Kill the container's supervisor and wait until it is gone (deadline 10 s). A supervisor
-    that outlives `rm` writes its container's exit code late: into the directory `rm` is
-    removing (left behind with only that file, the name stays "in use": every later `docker
-    run` of it fails with 125), or into the directory of the next container of that name
-    (which then reads "exited" while it runs)."""
+def supervisor_alive(name: str) -> int:
+    """The pid of the container's supervisor while it runs (checked by its command line: a
+    pid recycled by another process is not it), else 0."""
     pid = int(_read(cdir(name) / "supervisor") or 0)
     if not pid:
-        return
+        return 0
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return
-    if b"_supervise" not in cmdline or name.encode() not in cmdline:
-        return  # gone, and its pid taken by another process
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:  # gone, or a zombie its reaper has not collected yet: it writes nothing more
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return
-        except (OSError, IndexError):
-            return
-        time.sleep(0.01)
-    die(f"Error response from daemon: could not stop the supervisor of {name} (pid {pid})")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return 0
+    if b"_supervise" not in argv or name.encode() not in argv or state == "Z":
+        return 0
+    return pid
+
+
+def wait_supervisor(name: str, deadline_s: float = 30) -> None:
+    """Until the container's supervisor has ended: it kills what is left in the container's
+    namespace and writes the exit code. A supervisor that outlived `rm` wrote that exit code
+    late: into the directory `rm` was removing (left with only that file, the name stayed "in
+    use": each later `docker run` of it failed with 125), or into the next container of that
+    name (which then read "exited" while it ran)."""
+    end = time.monotonic() + deadline_s
+    while supervisor_alive(name):
+        if time.monotonic() > end:
+            die(f"Error response from daemon: the supervisor of {name} did not end within "
+                f"{deadline_s:.0f} s")
+        time.sleep(0.02)
 
 
 def members(mntns: str) -> list[int]:
@@ -122,10 +122,12 @@ def members(mntns: str) -> list[int]:
     return [pid for pid in out if pid != os.getpid()]
 
 
-def kill_all(name: str, sig: int = signal.SIGKILL) -> None:
-    ns = load(name).get("mntns") or _read(cdir(name) / "mntns")
-    if not ns:
-        return
+def kill_all(ns: str, sig: int = signal.SIGKILL) -> None:
+    """Kill every process in mount namespace `ns`. Only while the caller holds that namespace
+    open (the supervisor does, from the container's start): a namespace's inode number is
+    reused at once once it is freed (`unshare --mount` twice shows the same number), and a
+    kill by a freed number killed whatever had it next (a lab container's Ray head, in a CI
+    run: SIGKILL, exit 137)."""
     for _ in range(50):
         pids = members(ns)
         if not pids:
@@ -255,8 +257,27 @@ def cmd_supervise(name: str) -> None:
     child = subprocess.Popen(["unshare", "--mount", "--propagation", "private", sys.executable,
                               __file__, "_init", name])
     (cdir(name) / "pid").write_text(str(child.pid))
+    # hold the container's mount namespace open while it lives (see kill_all): once its init
+    # has entered it (it writes its mntns first)
+    held, ns = None, ""
+    while child.poll() is None and not held:
+        ns = _read(cdir(name) / "mntns")
+        if ns:
+            try:
+                fd = os.open(f"/proc/{child.pid}/ns/mnt", os.O_RDONLY)
+            except OSError:
+                break
+            if os.readlink(f"/proc/self/fd/{fd}") == ns:
+                held = fd
+            else:
+                os.close(fd)
+                break
+        else:
+            time.sleep(0.01)
     rc = child.wait()
-    kill_all(name)  # the PID namespace ends with its first process
+    if held is not None:
+        kill_all(ns)  # the PID namespace ends with its first process
+        os.close(held)
     (cdir(name) / "exitcode").write_text(str(rc if rc >= 0 else 128 - rc))
 
 
@@ -368,8 +389,14 @@ def cmd_rm(argv: list[str]) -> None:
                   file=sys.stderr)
             failed.append(name)
             continue
-        stop_supervisor(name)
-        kill_all(name)
+        # the init killed, its supervisor (which holds the namespace) kills the rest and ends
+        pid = init_pid(name)
+        if supervisor_alive(name) and pid and exit_code(name) is None:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_supervisor(name)
         if "--volumes" in argv or "-v" in argv:
             shutil.rmtree(VOLUMES / config["id"], ignore_errors=True)
         shutil.rmtree(cdir(name), ignore_errors=True)
