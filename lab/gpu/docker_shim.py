@@ -11,7 +11,10 @@ What a container is here, and what it is not:
   and the vLLM container with `--pid container:<head>`, so nothing else is needed for them.
 - The image is the machine itself (its Python, the carried wheels): the tag is recorded only.
 - A container's processes are the processes in its mount namespace: when its first process
-  exits they are killed (Docker tears down the PID namespace), `rm --force` kills them all.
+  exits they are killed (Docker tears down the PID namespace) by its supervisor, which holds
+  that namespace open from the start (a freed namespace's number is reused at once: a kill by
+  number alone would reach another's processes). `rm --force` kills the first process and
+  returns once the supervisor has ended.
 - `--gpus` is recorded only: the GPU is the machine's.
 Subcommands: run, inspect (the `--format` fields the program reads), image inspect, logs
 [--tail N], rm [--force] [--volumes], exec [-i], cp SRC CONTAINER:DST, kill [-s SIG], version,
