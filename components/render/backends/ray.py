@@ -175,6 +175,19 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
     gcs = f"{spec.head.identity_ip}:{spec.ray_port}"
     probe = (f"python3 -c {shlex.quote(TCP_CONNECT_PY)} {spec.head.identity_ip} "
              f"{spec.ray_port} {GCS_CONNECT_S} 2>&1")
+
+    def verdict(before: str, refused: str, tried: str) -> str:
+        """The failed connect's `elif`/`else` (its outcome in $why): a refusal names the head's
+        Ray as stopped, anything else the path from this node."""
+        return (
+            'elif case "$why" in refused*) true ;; *) false ;; esac; then '
+            f'fail "{before}the Ray head {spec.head.name} at {gcs} refused {refused}: nothing '
+            "listens on its GCS port although it did when the head's command returned, so the "
+            'head\'s Ray stopped since (its log says why: spark-vllm status)"; '
+            f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from '
+            f'{node.identity_ip} ({tried}: $why): check the fabric link, routes and firewall '
+            'between the two"; fi')
+
     unreachable = (
         f"if has {shlex.quote(GCS_UNREACHABLE_MARK)} && "
         f'[ $(( $(date +%s) - ${{gcs_probed:-0}} )) -ge {GCS_PROBE_EVERY_S} ]; then '
@@ -188,28 +201,15 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
         f'trying again in {GCS_PROBE_EVERY_S} s"; '
         # refused: the head's address answers, with nothing on the port: its Ray stopped
         # after its command returned (the fabric is not what failed)
-        'elif case "$why" in refused*) true ;; *) false ;; esac; then '
-        f'fail "the Ray head {spec.head.name} at {gcs} refused this worker\'s connection '
-        f'{GCS_PROBE_FAILS} times, {GCS_PROBE_EVERY_S} s apart: nothing listens on its GCS port '
-        "although it did when the head's command returned, so the head's Ray stopped since "
-        '(its log says why: spark-vllm status)"; '
-        f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
-        f'(a TCP connect from this node, {GCS_PROBE_FAILS} times {GCS_PROBE_EVERY_S} s apart: '
-        '$why): check the fabric link, routes and firewall between the two"; fi; fi; fi'
+        + verdict("", f"this worker's connection {GCS_PROBE_FAILS} times, {GCS_PROBE_EVERY_S} s "
+                  "apart", f"a TCP connect from this node, {GCS_PROBE_FAILS} times "
+                  f"{GCS_PROBE_EVERY_S} s apart") + "; fi; fi"
     )
     # `ray start` may also give up on an unreachable head and exit (seen on the lab within 4 s,
     # its log saying no more than the node's IP): one connect then names the path, as above
-    exited = (
-        f"if why=$({probe}); then :; "
-        'elif case "$why" in refused*) true ;; *) false ;; esac; then '
-        f'fail "the worker\'s Ray exited, and the Ray head {spec.head.name} at {gcs} refused a '
-        "connection from this node: nothing listens on its GCS port although it did when the "
-        "head's command returned, so the head's Ray stopped since (its log says why: spark-vllm "
-        'status)"; '
-        f'else fail "cannot reach the Ray head {spec.head.name} at {gcs} from {node.identity_ip} '
-        "(the worker's Ray exited; a TCP connect from this node: $why): check the fabric link, "
-        'routes and firewall between the two"; fi'
-    )
+    exited = f"if why=$({probe}); then :; " + verdict(
+        "the worker's Ray exited, and ", "a connection from this node",
+        "the worker's Ray exited; a TCP connect from this node")
     return start_script(
         spec, node, WORKER, worker_run_argv(spec, node), cache=True,
         ready=_wait_loop(f"has {shlex.quote(RAY_STARTED_MARK)}", spec.ray_timeout,
