@@ -118,7 +118,7 @@ def ensure_network(name: str, subnet: str, internal: bool) -> None:
         raise LabError(f"network {name} exists with subnet {have}, not {subnet}: "
                        "run `python -m lab down` first")
     argv = ["network", "create", "--driver", "bridge", "--subnet", subnet,
-            "--label", f"{config.LABEL}=1", name]
+            "--label", config.LAB_LABEL, name]
     if internal:
         # Docker 20.10 picks a container's default gateway by network name order: without
         # --internal, "fabric" would steal the default route from "mgmt" (docker 20.10 picks the gateway by network name order).
@@ -138,15 +138,21 @@ def up(opts: UpOptions = UpOptions()) -> LabInfo:
 
 
 def _lock_file() -> Path:
-    # Machine-wide, not per clone: the lab's containers and networks are.
-    return Path("/tmp/spark-vllm-lab.lock")
+    # Per lab, not per clone: a lab's containers and networks are the machine's (two clones'
+    # `up` of lab 1 must not interleave), and another lab's are not this lab's business.
+    return Path(f"/tmp/{config.LAB_PREFIX}.lock")
+
+
+def _images_lock() -> Path:
+    # Machine-wide: the images are every lab's.
+    return Path(f"/tmp/{config.PREFIX}-images.lock")
 
 
 def _up(opts: UpOptions, p: Progress) -> LabInfo:
     want = [config.node_addrs(i, opts.mgmt_subnet, opts.fabric_subnet) for i in range(1, opts.nodes + 1)]
     with p.step("host (packages, dockerd)"):
         ensure_host(p)
-    with p.step("images"):
+    with p.step("images"), exclusive(_images_lock(), "image build", p):
         node_image = images.ensure_node_image(p)
         inner = images.ensure_inner_image(p, vllm_version=opts.sim_vllm_version)
         inner_id = images.image_id(inner)
@@ -188,7 +194,7 @@ def build_images(quiet: bool = False) -> dict[str, str | None]:
     """Every image the lab runs, built unless current: the node image and vllm-sim for each
     vLLM release it plays (CI builds them beside the engine's build, before the tests)."""
     p = Progress(quiet=quiet)
-    with exclusive(_lock_file(), "images", p), p.step("images"):
+    with exclusive(_images_lock(), "image build", p), p.step("images"):
         tags = [images.ensure_node_image(p)]
         tags += [images.ensure_inner_image(p, vllm_version=v)
                  for v in (config.SIM_VLLM_VERSION, config.LEGACY_SIM_VLLM_VERSION)]
@@ -196,7 +202,8 @@ def build_images(quiet: bool = False) -> dict[str, str | None]:
 
 
 def down(keep_volumes: bool = False, quiet: bool = False) -> dict[str, float]:
-    """Remove every container, network (and volume) labelled spark-vllm-lab=1; nothing else."""
+    """Remove every container, network (and volume) of this lab (labelled
+    spark-vllm-lab=<instance>, config.LAB_LABEL); nothing else, not another lab's."""
     p = Progress(quiet=quiet)
     if not docker_ok("info"):
         p.say("docker not running: nothing to remove")
@@ -206,7 +213,7 @@ def down(keep_volumes: bool = False, quiet: bool = False) -> dict[str, float]:
 
 
 def _down(keep_volumes: bool, p: Progress) -> dict[str, float]:
-    flt = f"label={config.LABEL}=1"
+    flt = f"label={config.LAB_LABEL}"
     with p.step("containers"):
         _parallel(["rm", "-f", "-v"], docker("ps", "-aq", "--filter", flt).split())
     with p.step("networks"):

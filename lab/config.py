@@ -9,7 +9,24 @@ from pathlib import Path
 
 LAB_DIR = Path(__file__).resolve().parent
 REPO_DIR = LAB_DIR.parent
-STATE_DIR = REPO_DIR / ".lab"  # gitignored: keys, known_hosts, ssh config
+INSTANCE_ENV = "SPARK_VLLM_LAB"
+MAX_INSTANCE = 9
+
+
+def instance() -> int:
+    """Which lab of this machine: SPARK_VLLM_LAB=N (1..9; unset: 1, the lab as documented).
+    CI runs two labs side by side (lab/test.sh); every name, address, lock and state below
+    that two labs would share is derived from it (docs/development.md)."""
+    raw = os.environ.get(INSTANCE_ENV, "").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_INSTANCE:
+        raise ValueError(f"{INSTANCE_ENV}={raw!r}: must be a number within 1..{MAX_INSTANCE}")
+    return int(raw)
+
+
+INSTANCE = instance()
+_SUFFIX = "" if INSTANCE == 1 else str(INSTANCE)  # lab 1's names are the documented ones
+# gitignored: keys, known_hosts, ssh config, the file backend's state (lab/env.sh), logs
+STATE_DIR = REPO_DIR / ".lab" if INSTANCE == 1 else REPO_DIR / ".lab" / f"lab{INSTANCE}"
 SSH_DIR = STATE_DIR / "ssh"
 STACKS_DIR = REPO_DIR / "stacks"
 
@@ -20,14 +37,19 @@ def cache_dir() -> Path:
     return Path(base) / "lab"
 
 
-LABEL = "spark-vllm-lab"  # `spark-vllm-lab=1` on every container, network and volume we create
+# `spark-vllm-lab=<instance>` on every container, network and volume a lab creates: a lab's
+# `down` removes its own and leaves another's
+LABEL = "spark-vllm-lab"
+LABEL_VALUE = str(INSTANCE)
+LAB_LABEL = f"{LABEL}={LABEL_VALUE}"  # as `--label` and `--filter label=` take it
 LABEL_NODE = "spark-vllm-lab.node"  # node name (node-<i>) on node containers
 LABEL_INDEX = "spark-vllm-lab.index"
 LABEL_CONTENT = "spark-vllm-lab.content"  # content hash an image was built from
 
-PREFIX = "spark-vllm-lab"
-MGMT_NET = f"{PREFIX}-mgmt"
-FABRIC_NET = f"{PREFIX}-fabric"
+PREFIX = "spark-vllm-lab"  # the images', shared by every lab of the machine
+LAB_PREFIX = PREFIX + _SUFFIX  # this lab's containers, networks and volumes
+MGMT_NET = f"{LAB_PREFIX}-mgmt"
+FABRIC_NET = f"{LAB_PREFIX}-fabric"
 BASE_IMAGE = f"{PREFIX}-base:bookworm"
 NODE_IMAGE_REPO = f"{PREFIX}-node"
 INNER_IMAGE = "spark-vllm-sim:lab"
@@ -56,9 +78,10 @@ DEBIAN_MIRROR = "http://deb.debian.org/debian"
 FABRIC_IFNAME = "enp1s0f1np1"
 
 DEFAULT_NODES = 2
-DEFAULT_MGMT_SUBNET = "10.231.0.0/24"
-DEFAULT_FABRIC_SUBNET = "192.168.231.0/24"
-DEFAULT_STACK = "lab"
+DEFAULT_MGMT_SUBNET = f"10.{230 + INSTANCE}.0.0/24"  # lab 1: 10.231.0.0/24
+DEFAULT_FABRIC_SUBNET = f"192.168.{230 + INSTANCE}.0/24"  # lab 1: 192.168.231.0/24
+# the stack's config is stacks/Pulumi.<stack>.yaml, one file per name: lab 2's stack is lab2
+DEFAULT_STACK = "lab" + _SUFFIX
 MAX_NODES = 80  # node IPs are .10+i and spares .100+i: keep them apart
 
 SSH_READY_TIMEOUT_S = 90  # node start → sshd and inner dockerd answer (≈2.5 s measured)
@@ -66,7 +89,7 @@ SSH_CONNECT_TIMEOUT_S = 5
 
 
 def container_name(index: int) -> str:
-    return f"{PREFIX}-node-{index}"
+    return f"{LAB_PREFIX}-node-{index}"
 
 
 def node_name(index: int) -> str:
@@ -74,7 +97,7 @@ def node_name(index: int) -> str:
 
 
 def volume_name(index: int) -> str:
-    return f"{PREFIX}-node-{index}-docker"
+    return f"{LAB_PREFIX}-node-{index}-docker"
 
 
 def stack_file(stack: str) -> Path:

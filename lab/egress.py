@@ -10,10 +10,11 @@ The fabric network is --internal already. Traffic to the host itself (INPUT) is 
 
 from __future__ import annotations
 
+from lab import config
 from lab.run import LabError, run
 
 CHAIN = "DOCKER-USER"
-COMMENT = "spark-vllm-lab egress"
+COMMENT = f"{config.LAB_PREFIX} egress"  # per lab: another lab's `down` leaves this one's rule
 
 
 def _rule(subnet: str) -> list[str]:
@@ -32,11 +33,12 @@ def block(subnet: str) -> None:
 
 
 def unblock_all() -> None:
-    """Remove every egress rule the lab added (whatever subnet it was for)."""
+    """Remove every egress rule this lab added (whatever subnet it was for), no other lab's."""
     out = run(["iptables", "-w", "-S", CHAIN], check=False, timeout=30).stdout
     for line in out.splitlines():
         words = line.split()
-        if COMMENT.split()[0] in line and "-s" in words:
+        # `iptables -S` quotes a comment with a space: --comment "spark-vllm-lab egress"
+        if f'--comment "{COMMENT}"' in line and "-s" in words:
             subnet = words[words.index("-s") + 1]
             while _ipt("-C", CHAIN, *_rule(subnet)) == 0:
                 _ipt("-D", CHAIN, *_rule(subnet))

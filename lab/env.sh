@@ -6,6 +6,7 @@
 # command provider (the real one, or the lab's stand-in) into the lab's plugin cache where
 # `pulumi plugin install` puts a download, and points Pulumi at local, offline state:
 #   PULUMI_BACKEND_URL=file://<repo>/.lab/state  PULUMI_HOME=<repo>/.lab/pulumi-home
+#   (SPARK_VLLM_LAB=N, another lab of this machine: its state in <repo>/.lab/labN/state)
 #   PULUMI_CONFIG_PASSPHRASE (default spark-vllm-lab)  PULUMI_SKIP_UPDATE_CHECK=true
 #   PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION=true
 #   PULUMI_IGNORE_AMBIENT_PLUGINS=true   a stray pulumi-resource-* on the user's PATH is not
@@ -18,15 +19,22 @@ if [ -z "${BASH_VERSION:-}" ]; then
 fi
 
 _svl_env() {
-    local here repo bin plugdir leaf kind rest name target out
+    local here repo bin plugdir leaf kind rest name target out state
     here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd) || return 1
     repo=$(cd "$here/.." && pwd) || return 1
     bin=$("$here/tools.sh" | tail -n 1) || { echo "lab/env.sh: lab/tools.sh failed" >&2; return 1; }
     case ":$PATH:" in ":$bin:"*) ;; *) PATH="$bin:$PATH" ;; esac
-    mkdir -p "$repo/.lab/state" "$repo/.lab/pulumi-home" || return 1
+    # lab N's state beside lab 1's, as lab/config.py's STATE_DIR
+    state="$repo/.lab/state"
+    case "${SPARK_VLLM_LAB:-1}" in
+        1) ;;
+        [2-9]) state="$repo/.lab/lab$SPARK_VLLM_LAB/state" ;;
+        *) echo "lab/env.sh: SPARK_VLLM_LAB=$SPARK_VLLM_LAB: must be a number within 1..9" >&2; return 1 ;;
+    esac
+    mkdir -p "$state" "$repo/.lab/pulumi-home" || return 1
     export PATH
     export SPARK_VLLM_TOOLCHAIN_BIN="$bin"
-    export PULUMI_BACKEND_URL="file://$repo/.lab/state"
+    export PULUMI_BACKEND_URL="file://$state"
     export PULUMI_HOME="$repo/.lab/pulumi-home"
     export PULUMI_CONFIG_PASSPHRASE="${PULUMI_CONFIG_PASSPHRASE:-spark-vllm-lab}"
     export PULUMI_SKIP_UPDATE_CHECK=true

@@ -21,7 +21,7 @@ from lab.run import DOCKER_ENV, LabError, Progress, docker, run
 
 def labels(n: NodeAddrs) -> dict[str, str]:
     return {
-        config.LABEL: "1",
+        config.LABEL: config.LABEL_VALUE,
         config.LABEL_NODE: n.name,
         config.LABEL_INDEX: str(n.index),
         "spark-vllm-lab.mgmt-ip": n.mgmt_ip,
@@ -97,7 +97,7 @@ def start_node(n: NodeAddrs, image: str) -> str:
         action = "created"
     if state is None:
         for volume in (config.volume_name(n.index), hf_volume_name(n.index)):
-            docker("volume", "create", "--label", f"{config.LABEL}=1", volume)
+            docker("volume", "create", "--label", config.LAB_LABEL, volume)
         run(create_node_argv(n, image))
         docker("cp", f"{keys.node_dir(n.name)}/.", f"{n.container}:/lab/ssh")
         docker("network", "connect", "--ip", n.fabric_ip, config.FABRIC_NET, n.container)
@@ -198,6 +198,6 @@ def load_inner_image(nodes: list[NodeAddrs], image: str = config.INNER_IMAGE) ->
 
 
 def existing_indexes() -> list[int]:
-    out = docker("ps", "-a", "--filter", f"label={config.LABEL_INDEX}",
-                 "--format", f'{{{{.Label "{config.LABEL_INDEX}"}}}}')
+    out = docker("ps", "-a", "--filter", f"label={config.LAB_LABEL}", "--filter",
+                 f"label={config.LABEL_INDEX}", "--format", f'{{{{.Label "{config.LABEL_INDEX}"}}}}')
     return sorted(int(x) for x in out.split() if x.isdigit())

@@ -18,11 +18,11 @@ from typing import Any
 
 from pulumi import automation as auto
 
-from lab import cluster, envsh, keys
+from lab import cluster, config, envsh, keys
 
 REPO = Path(__file__).resolve().parents[2]
-STACK = "lab"
-LOG_DIR = REPO / ".lab" / "logs"
+STACK = config.DEFAULT_STACK  # "lab"; lab N's (SPARK_VLLM_LAB=N) is labN
+LOG_DIR = config.STATE_DIR / "logs"
 # vllm-sim's pretend weight load (3 s) and torch.compile (2 s) shortened for the tests: ~50
 # vLLM starts a run. Kept under every `env` a test sets (Lab.set); a test may override them.
 TEST_ENV = {"VLLM_SIM_LOAD_SECONDS": "1", "VLLM_SIM_COMPILE_S": "0.5"}

@@ -23,6 +23,7 @@ from lab import cluster, config, keys, model
 from spark_vllm.components.spec import SSH_DIALS
 from tests.integration.conftest import API_KEY, TEST_DIAL_TIMEOUT_S
 from tests.integration.engine import (
+    LOG_DIR,
     REPO,
     STACK,
     Lab,
@@ -115,7 +116,7 @@ def test_0_a_non_root_user_deploys_and_its_home_holds_the_state(lab: Lab,
 
 def test_1_a_wrong_pinned_host_key_stops_the_update_before_any_command(lab: Lab) -> None:
     real = lab.get("nodes")[1]["hostKey"]
-    other = Path(REPO / ".lab" / "wrong_host_key")
+    other = config.STATE_DIR / "wrong_host_key"
     other.unlink(missing_ok=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
     wrong = " ".join(other.with_suffix(".pub").read_text().split()[:2])
@@ -156,7 +157,7 @@ def _wait_for(log: Path, text: str, timeout: float = 120) -> None:
 
 def test_2_a_second_up_on_the_same_stack_is_refused_and_the_first_finishes(lab: Lab) -> None:
     lab.set("env", {"NCCL_DEBUG": "INFO"})
-    log = REPO / ".lab" / "logs" / "first-up.log"
+    log = LOG_DIR / "first-up.log"
     first = _cli_up(log)
     _wait_for(log, "ray-head")  # the first holds the stack's lock and is changing it
     second = lab.up()
@@ -184,7 +185,7 @@ def _interrupted_up(lab: Lab, at: str, times: int, debug: str) -> tuple[Path, fl
     # rerun's vLLM start would only wait out the 12 s)
     lab.set("env", {"NCCL_DEBUG": debug,
                     **({"VLLM_SIM_LOAD_SECONDS": "12"} if at == "vllm-load" else {})})
-    log = REPO / ".lab" / "logs" / f"ctrl-c-{times}-{at}.log"
+    log = LOG_DIR / f"ctrl-c-{times}-{at}.log"
     up = _cli_up(log)
     _wait_for(log, f"{command} creating")
     if at == "vllm-load":
@@ -255,7 +256,7 @@ def test_3b_ctrl_c_twice_leaves_nothing_half_done_on_the_node(lab: Lab, at: str)
 
 def test_4_a_node_cut_off_mid_up_is_named_within_the_dial_bound(lab: Lab) -> None:
     lab.set("env", {"NCCL_DEBUG": "WARN"})
-    log = REPO / ".lab" / "logs" / "node-cut.log"
+    log = LOG_DIR / "node-cut.log"
     node2 = cluster.find_node("node-2")
     up = _cli_up(log)
     try:
@@ -287,7 +288,7 @@ def test_5_after_up_change_destroy_no_secret_is_anywhere(lab: Lab,
                  if ln and not ln.startswith("-----")]
     secrets = {"apiKey": [API_KEY], "hfToken": [HF_TOKEN], "sshPrivateKey": key_lines}
     places: dict[str, str] = {}
-    state_dir = REPO / ".lab" / "state"
+    state_dir = config.STATE_DIR / "state"
     for f in state_dir.rglob("*"):
         if f.is_file():
             places[f"state file {f.relative_to(state_dir)}"] = f.read_bytes().decode(
@@ -296,7 +297,7 @@ def test_5_after_up_change_destroy_no_secret_is_anywhere(lab: Lab,
         places[f"run {i} output"] = "\n".join(run.output) + (run.error or "")
         places[f"run {i} events"] = "\n".join(run.events)
     places["stack outputs"] = "\n".join(OUTPUTS)
-    for f in (REPO / ".lab" / "logs").glob("*.log"):  # the CLI's own text output, and Automation's
+    for f in LOG_DIR.glob("*.log"):  # the CLI's own text output, and Automation's
         places[f"log {f.name}"] = f.read_text(errors="replace")
     for node, text in samples.items():
         places[f"{node} process lists"] = text

@@ -79,7 +79,7 @@ def staged(lab2: Lab) -> Lab:
     copy = copied(lab2)
     assert copy["missing"] == summary["bytes"] <= copy["sent"] < summary["bytes"] * 1.01
     text = "\n".join(run.output)
-    assert f"copying {summary['bytes'] // 1_000_000} MB of {MODEL} to node-2 (root@192.168.231.12)" \
+    assert f"copying {summary['bytes'] // 1_000_000} MB of {MODEL} to node-2 (root@{cluster.find_node('node-2').fabric_ip})" \
         in text, text[-3000:]
     assert_serving(lab2, lab_identities())
     # every container runs offline: nothing may fetch weights on its own

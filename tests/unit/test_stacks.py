@@ -20,7 +20,7 @@ from tests.unit.harness import API_KEY, HF_TOKEN, SECRET_SIG, pinned, run_main, 
 ROOT = Path(__file__).resolve().parents[2]
 STACKS = ROOT / "stacks"
 # written by the lab and the benchmarks, ignored by git (.gitignore): not the committed ones
-GENERATED = ("Pulumi.lab.yaml", "Pulumi.bench*.yaml")
+GENERATED = ("Pulumi.lab.yaml", "Pulumi.lab[2-9].yaml", "Pulumi.bench*.yaml")
 COMMITTED = sorted(p for p in STACKS.glob("Pulumi.*.yaml")
                    if not any(fnmatch.fnmatch(p.name, g) for g in GENERATED))
 SSH_KEY = (ROOT / "tests" / "fixtures" / "keys" / "clear_ed25519").read_text()  # test-only
