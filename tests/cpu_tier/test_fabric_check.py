@@ -29,12 +29,12 @@ from components.render import commands  # noqa: E402
 from components.render import fabric_commands as fabric  # noqa: E402
 from components.spec import ClusterSpec, FabricCheckSettings, parse_spec  # noqa: E402
 from lab.cpu_tier.nodes import Node, Nodes  # noqa: E402
+from tests.cpu_tier.tier import cpu_venv  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real torch across two network namespaces
 
 SCRIPT_FILE = REPO / "components" / "scripts" / "fabric_check.py"  # sent on stdin, as by the
 # program: `python3 - ARGS`
-INSTALL_DEADLINE_S = 1200  # a cold install (~6 min) when CI did not install first
 MESSAGE = 4 * 2**20
 DEADLINE_S = 40  # the script's own bound, per run (fabricCheck.timeout)
 RUN_BOUND_S = DEADLINE_S + 20  # ours over it: the script must end by itself
@@ -118,10 +118,7 @@ def _scratch() -> set[str]:
 
 @pytest.fixture(scope="module")
 def lab() -> Iterator[dict[str, Any]]:
-    inst = subprocess.run(["bash", str(REPO / "lab/cpu_tier/install.sh")], capture_output=True,
-                          text=True, timeout=INSTALL_DEADLINE_S)
-    assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
-    venv = inst.stdout.strip().splitlines()[-1]
+    venv = cpu_venv()
     nodes = Nodes()
     scratch = _scratch()
     nodes.up()

@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from lab.cpu_tier import facts  # noqa: E402
-from lab.cpu_tier.nodes import Nodes  # noqa: E402
+from tests.cpu_tier.tier import run_runner  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real Ray (and real vLLM) across two network namespaces
 
@@ -55,12 +55,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict
             "--venv", sys.prefix, "--hf", str(hf), "--sim", real["header"]["vllm"].split("+")[0]]
     for part in PARTS:
         argv += ["--part", part]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=DEADLINE_S)
-    except subprocess.TimeoutExpired as err:
-        Nodes().down()
-        pytest.fail(f"the CPU tier against vllm-sim ran past {DEADLINE_S} s:\n"
-                    f"{str(err.stdout)[-4000:]}")
+    proc = run_runner(argv, DEADLINE_S, "the CPU tier against vllm-sim")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
     sim = json.loads((out / "observations-cpu.json").read_text())
     assert json.loads((out / "leftovers.json").read_text()) == []

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,13 +23,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from lab.cpu_tier.nodes import Nodes  # noqa: E402
+from tests.cpu_tier.tier import cpu_venv, run_runner  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real Ray (and real vLLM) across two network namespaces
 
 # the runner's whole run, every part (measured 2026-12-02 on a 2-core machine: see the
 # fixture's header part_seconds); a run past it fails with what the runner printed
 RUN_DEADLINE_S = 540
-INSTALL_DEADLINE_S = 1200  # a cold install (~6 min) when CI did not install first
 PARTS = ("incident", "ray", "native")
 FABRIC = {"n0": ("10.99.0.10", "spvf0"), "n1": ("10.99.0.11", "spvf1")}
 
@@ -41,10 +40,7 @@ def _shm() -> set[str]:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    inst = subprocess.run(["bash", str(REPO / "lab/cpu_tier/install.sh")], capture_output=True,
-                          text=True, timeout=INSTALL_DEADLINE_S)
-    assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
-    venv = inst.stdout.strip().splitlines()[-1]
+    venv = cpu_venv()
     out = tmp_path_factory.mktemp("cpu-tier")
     shm_before = _shm()
     start = time.monotonic()
@@ -52,11 +48,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             "--venv", venv, "--hf", f"{venv}/hf"]
     for part in PARTS:
         argv += ["--part", part]
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_DEADLINE_S)
-    except subprocess.TimeoutExpired as err:
-        Nodes().down()  # the runner's own teardown did not run: leave nothing behind
-        pytest.fail(f"the CPU tier ran past {RUN_DEADLINE_S} s:\n{str(err.stdout)[-4000:]}")
+    proc = run_runner(argv, RUN_DEADLINE_S, "the CPU tier")
     seconds = time.monotonic() - start
     log = proc.stdout[-6000:] + proc.stderr[-3000:]
     assert proc.returncode == 0, log

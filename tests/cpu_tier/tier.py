@@ -1,0 +1,37 @@
+"""What the CPU tier's tests share: its venv (lab/cpu_tier/install.sh) and a run of its runner
+(lab/cpu_tier/runner.py) that leaves nothing behind however it ends."""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from lab.config import REPO_DIR
+from lab.cpu_tier.nodes import Nodes
+
+INSTALL_DEADLINE_S = 1200  # a cold install (~6 min) when CI did not install first
+
+
+def cpu_venv() -> str:
+    """The tier's venv: install.sh's last line (~0 s when its stamp matches)."""
+    inst = subprocess.run(["bash", str(REPO_DIR / "lab/cpu_tier/install.sh")],
+                          capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
+    assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
+    return inst.stdout.strip().splitlines()[-1]
+
+
+def run_runner(argv: list[str], deadline_s: float, what: str) -> subprocess.CompletedProcess[str]:
+    """The runner under a deadline. It takes its nodes down itself; when subprocess.run kills it
+    first (at the deadline, or on Ctrl-C: make test's INT), its teardown never runs, so this
+    takes them down."""
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=deadline_s)
+    except KeyboardInterrupt:
+        Nodes().down()
+        raise
+    except subprocess.TimeoutExpired as err:
+        Nodes().down()
+        pytest.fail(f"{what} ran past {deadline_s} s:\n{str(err.stdout)[-4000:]}")
+
+
