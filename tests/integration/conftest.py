@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from lab import cluster, config
+from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
 from tests.integration.engine import Lab
 
 pytestmark = pytest.mark.integration
@@ -35,12 +36,15 @@ def lab_removed_at_the_end() -> Iterator[None]:
     cluster.down(quiet=True)  # every lab container, network and volume, whatever happened
 
 
-def start_lab(nodes: int, tp: int | None = None, pp: int = 1, ray_timeout: int = 20,
+def start_lab(nodes: int, tp: int | None = None, pp: int = 1,
+              ray_timeout: int = DEFAULT_RAY_TIMEOUT_S,
               sim_vllm_version: str = config.SIM_VLLM_VERSION) -> Lab:
     """The lab, with the tests' bounds: a small model (config.TEST_MODEL_BYTES), SSH dials of
     3 s (a cut node is named in ~15 s, not ~1 min), liveness windows of 5 s + 10 s, and
     vllm-sim's pretend load and compile short (Lab.TEST_ENV, kept under every `env` a test
-    sets)."""
+    sets). rayTimeout stays the product's 60 s: no test waits for it to pass, and with the
+    tests' former 20 s, Ray workers starting on a loaded 2-core CI machine missed it (all three
+    of the 4-node lab's in CI13 and CI15; 2-node joins logged "10 s of 20 s" a dozen times)."""
     cluster.up(cluster.UpOptions(nodes=nodes, tp=tp, pp=pp, quiet=True,
                                  sim_vllm_version=sim_vllm_version,
                                  model_bytes=config.TEST_MODEL_BYTES))

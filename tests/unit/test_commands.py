@@ -886,7 +886,9 @@ def test_probe_wait_gives_up_after_its_round_with_the_reason() -> None:
         once, _ = run_probe(server.server_address[1], "ready")
     finally:
         server.shutdown()
-    assert done.returncode == 1 and 1.0 <= took < 4.0
+    # gave up after its 1 s round, long before the server turns ready (60 s); the upper bound
+    # leaves room for a loaded CI machine (4.3 s seen: the probe's own Python start, niced)
+    assert done.returncode == 1 and 1.0 <= took < 30.0
     assert "503" in done.stderr
     assert once.returncode == 1
 
