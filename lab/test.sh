@@ -30,13 +30,7 @@ log=.lab/test-rest.log
 # older commit of the program, which knows lab 1 only)
 LAB2_MODULES=(tests/integration/test_wedge.py tests/integration/test_legacy_vllm.py
               tests/integration/test_operator_project.py)
-# Measured side by side on the 2-core CI machine (2026-12-03, bytecode installed): one lab ran
-# all 71 lab tests in 2903 s (CI 3056 s; lane 2 was done at ~1815 s and the lab alone keeps the
-# machine only ~57 % busy); with wedge, legacy, v2_executor and operator_project on lab 2 at
-# nice 5, lab 1 took 2062 s and lane 2 2229 s (the rest 1102 s, lab 2 587 s of which
-# v2_executor 92 s, the CPU tier 534 s; CI17, a fresh machine). test_v2_executor went back to
-# lab 1 to even the lanes. Running the GPU tier's fidelity test beside the rest slowed lab 1
-# (32 of its 58 tests in 2075 s, CI15), and the rest was no shorter (1270 s against 1250 s).
+# Why these, on two labs, and what each layout measured: docs/development.md ("Tests").
 # SPARK_VLLM_LABS=1 runs every lab module on lab 1.
 labs=${SPARK_VLLM_LABS:-2}
 [ "$labs" = 2 ] || LAB2_MODULES=()

@@ -33,5 +33,3 @@ def run_runner(argv: list[str], deadline_s: float, what: str) -> subprocess.Comp
     except subprocess.TimeoutExpired as err:
         Nodes().down()
         pytest.fail(f"{what} ran past {deadline_s} s:\n{str(err.stdout)[-4000:]}")
-
-

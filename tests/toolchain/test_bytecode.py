@@ -38,13 +38,13 @@ print(json.dumps({"loaded": sorted({getattr(m, "__file__", None) or "" for m in
 """
 
 
-def compiled_at_import(python: str | Path, modules: list[str],
-                       prefix: str) -> tuple[list[str], list[str]]:
-    """(the .py files under `prefix` that importing `modules` loaded, those of them Python had to
-    compile from source), with PYTHONDONTWRITEBYTECODE set as on CI's machine."""
-    out = subprocess.run([str(python), "-c", _PROBE, *modules], cwd=REPO_DIR,
+def compiled_at_import(python: str | Path, modules: list[str], prefix: str,
+                       where: Path = REPO_DIR) -> tuple[list[str], list[str]]:
+    """(the .py files under `prefix` that importing `modules` from `where` loaded, those of them
+    Python had to compile from source), with PYTHONDONTWRITEBYTECODE set as on CI's machine."""
+    out = subprocess.run([str(python), "-c", _PROBE, *modules], cwd=where,
                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1",
-                              "PYTHONPATH": str(REPO_DIR)},
+                              "PYTHONPATH": str(where)},
                          capture_output=True, text=True, timeout=300, check=True).stdout
     found = json.loads(out.strip().splitlines()[-1])
     under = [f for f in found["loaded"] if f.startswith(prefix) and f.endswith(".py")]
@@ -58,11 +58,9 @@ def test_the_probe_sees_a_missing_and_an_outdated_pyc(tmp_path: Path) -> None:
     for f in (fresh, edited):
         subprocess.run([sys.executable, "-m", "py_compile", str(f)], check=True, timeout=60)
     edited.write_text("x = 22\n")  # another size: the .pyc no longer matches
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    out = subprocess.run([sys.executable, "-c", _PROBE, "fresh", "edited", "never"], cwd=tmp_path,
-                         env={**env, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True,
-                         text=True, timeout=60, check=True).stdout
-    assert json.loads(out)["compiled"] == [str(edited), str(never)]
+    _, compiled = compiled_at_import(sys.executable, ["fresh", "edited", "never"], str(tmp_path),
+                                     where=tmp_path)
+    assert compiled == [str(edited), str(never)]
 
 
 # what one `pulumi up` starts in .venv: the program, the language host (the SDK's server), the
