@@ -21,8 +21,17 @@ fi
 
 if ! pgrep -x dockerd >/dev/null; then
   echo "dockerd: starting (log: $LOG)"
-  # setsid: detach from this shell's process group so it outlives the caller.
-  setsid nohup dockerd >>"$LOG" 2>&1 </dev/null &
+  # setsid: detach from this shell's process group so it outlives the caller. The subshell
+  # closes every descriptor above 2 that the caller passed on: dockerd keeps what it inherits
+  # for its whole life, so a caller's lock or pipe (a CI harness waiting for its EOF, a
+  # `flock` wrapper) would otherwise stay held until the daemon ends.
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-"
+    done
+    exec setsid nohup dockerd >>"$LOG" 2>&1 </dev/null
+  ) &
 else
   echo "dockerd: a dockerd process exists but does not answer yet; waiting"
 fi
