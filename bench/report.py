@@ -67,7 +67,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", *staging.table(result.get("staging", [])),
               *fabric.table(result.get("staging", [])),
               *staging.copy_table(result.get("staging", [])), *preview_table(preview),
-              *profile_section(runs)]
+              *profile_section(runs), *cold_up_section(runs)]
     failures = [r for r in [*runs, *result.get("staging", [])] if not r["ok"]]
     if failures:
         lines += ["## Failed runs", ""]
@@ -128,6 +128,71 @@ def profile_section(runs: list[dict[str, Any]]) -> list[str]:
                        f"{_f(med['after_last_remote_s'])} | {_f(med['remote_commands'], 0)} | "
                        + ", ".join(f"{k} {v:.1f}" for v, k in top) + " |")
     return [*out, ""]
+
+
+# The cold up's critical path, one part after the other, for spark-vllm (backend ray: the
+# engine's step names) and the bare path (its own steps). Each part starts where the previous
+# one ends, so the parts sum to the run's seconds.
+COLD_UP_PARTS = ("engine start", "checks", "Ray head + workers", "gate", "vLLM to serving",
+                 "after")
+
+
+def cold_up_parts(run: dict[str, Any]) -> dict[str, float] | None:
+    """One cold up's seconds per part of its critical path (COLD_UP_PARTS; a part the
+    contender has not is absent), or None where its steps were not recorded."""
+    steps = (run.get("profile") or {}).get("steps") or {}
+    total = run.get("seconds")
+    if not run.get("ok") or total is None:
+        return None
+    if run["contender"] == "spark-vllm":
+        head, gate, vllm = (steps.get(f"create {k}") for k in ("ray-head", "ray-gate",
+                                                                "vllm-serve"))
+        first = run["profile"].get("first_remote_s")
+        if head is None or gate is None or vllm is None or first is None:
+            return None
+        served = vllm["start"] + vllm["s"]
+        return {"engine start": first, "checks": head["start"] - first,
+                "Ray head + workers": gate["start"] - head["start"],
+                "gate": vllm["start"] - gate["start"], "vLLM to serving": vllm["s"],
+                "after": total - served}
+    if run["contender"] == "bare":
+        if "ray_head_s" not in steps or "ray_workers_s" not in steps:
+            return None
+        ray = steps["ray_head_s"] + steps["ray_workers_s"]
+        return {"Ray head + workers": ray, "vLLM to serving": total - ray}
+    return None
+
+
+def cold_up_section(runs: list[dict[str, Any]]) -> list[str]:
+    """The cold up's critical path, part by part, spark-vllm beside the bare path: where the
+    ratio between the two comes from."""
+    out: list[str] = []
+    for n in sorted({r["nodes"] for r in runs}):
+        med: dict[str, dict[str, float | None]] = {}
+        for c in ("spark-vllm", "bare"):
+            parts = [p for p in (cold_up_parts(r) for r in select(runs, n, c, "cold_up")) if p]
+            if parts:
+                med[c] = {k: _med([p.get(k) for p in parts]) for k in COLD_UP_PARTS}
+                med[c]["total"] = _med([sum(p.values()) for p in parts])
+        if len(med) < 2:
+            continue
+        if not out:
+            out = ["## The cold up, part by part (medians)", "",
+                   "Along the critical path, each part starting where the one before ends. "
+                   "spark-vllm: engine start = CLI start → first remote command; checks = "
+                   "until the Ray head's command starts (preflights, image, fabric, memory); "
+                   "Ray = the head's and the workers' commands; gate = the node-table check "
+                   "until vLLM's command starts; vLLM to serving = vLLM's command (it returns "
+                   "serving, after its smoke request); after = the CLI's exit and the "
+                   "harness's /health. The bare path: its head's, then its workers' SSH "
+                   "commands, then `docker run` of vLLM and the harness's /health wait.", ""]
+        out += [f"| {n} nodes | spark-vllm | bare path | difference |", "|---|---|---|---|"]
+        for k in (*COLD_UP_PARTS, "total"):
+            ours, bare = med["spark-vllm"].get(k), med["bare"].get(k)
+            diff = (ours or 0.0) - (bare or 0.0)
+            out.append(f"| {k} | {_f(ours)} | {_f(bare)} | {diff:+.1f} |")
+        out.append("")
+    return out
 
 
 def _med(xs: list[Any]) -> float | None:

@@ -96,22 +96,30 @@ class Bare(Contender):
         roles = [commands.VLLM, commands.HEAD] if node == self.lab.head else [commands.WORKER]
         return [commands.container_name(spec, r) for r in roles]
 
-    def _start_ray(self, timeout: float) -> Result | None:
-        """Head, then all workers at once; the failed Result, or None when all started."""
+    def _start_ray(self, timeout: float, steps: dict[str, float] | None = None
+                   ) -> Result | None:
+        """Head, then all workers at once; the failed Result, or None when all started.
+        `steps`: each step's seconds go there (the head, the slowest worker)."""
         spec = self.spec()
         head = ssh(self.lab.head, _run_and_wait(ray_backend.head_run_argv(spec),
                                                 commands.container_name(spec, commands.HEAD),
                                                 timeout),
                    timeout=timeout + 5, log=self.log)
+        if steps is not None:
+            steps["ray_head_s"] = head.seconds
         if not head.ok:
             return head
         by_name = {n.name: n for n in spec.workers}
         workers = self.lab.nodes[1:]
         name = commands.container_name(spec, commands.WORKER)
         left = max(1.0, timeout - head.seconds)
-        for res in on_nodes(workers, lambda n: _run_and_wait(
-                ray_backend.worker_run_argv(spec, by_name[n.name]), name, left),
-                timeout=left + 5, log=self.log):
+        t0 = time.monotonic()
+        results = on_nodes(workers, lambda n: _run_and_wait(
+            ray_backend.worker_run_argv(spec, by_name[n.name]), name, left),
+            timeout=left + 5, log=self.log)
+        if steps is not None:
+            steps["ray_workers_s"] = time.monotonic() - t0
+        for res in results:
             if not res.ok:
                 return res
         return None
@@ -121,11 +129,17 @@ class Bare(Contender):
         return ssh(self.lab.head, f"{shlex.join(argv)} >/dev/null", log=self.log)
 
     def up(self) -> Outcome:
-        failed = self._start_ray(timeout=120)
+        # the steps' seconds, for the report's side-by-side cold up (report.cold_up_parts):
+        # what follows vLLM's `docker run` until /health answers is the harness's wait
+        t0 = time.monotonic()
+        steps: dict[str, float] = {}
+        failed = self._start_ray(timeout=120, steps=steps)
         if failed is not None:
-            return Outcome(False, failed.tail())
+            return Outcome(False, failed.tail(), {"steps": steps})
         res = self._start_vllm()
-        return Outcome(res.ok, "" if res.ok else res.tail())
+        steps["vllm_run_s"] = res.seconds
+        steps["total_s"] = time.monotonic() - t0
+        return Outcome(res.ok, "" if res.ok else res.tail(), {"steps": steps})
 
     def reapply(self) -> Outcome:
         down = self.down()
