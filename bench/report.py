@@ -170,10 +170,11 @@ def cold_up_section(runs: list[dict[str, Any]]) -> list[str]:
     for n in sorted({r["nodes"] for r in runs}):
         med: dict[str, dict[str, float | None]] = {}
         for c in ("spark-vllm", "bare"):
-            parts = [p for p in (cold_up_parts(r) for r in select(runs, n, c, "cold_up")) if p]
-            if parts:
-                med[c] = {k: _med([p.get(k) for p in parts]) for k in COLD_UP_PARTS}
-                med[c]["total"] = _med([sum(p.values()) for p in parts])
+            split = [(r["seconds"], p) for r in select(runs, n, c, "cold_up")
+                     if (p := cold_up_parts(r))]
+            if split:
+                med[c] = {k: _med([p.get(k) for _, p in split]) for k in COLD_UP_PARTS}
+                med[c]["total"] = _med([seconds for seconds, _ in split])
         if len(med) < 2:
             continue
         if not out:

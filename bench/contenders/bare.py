@@ -131,14 +131,12 @@ class Bare(Contender):
     def up(self) -> Outcome:
         # the steps' seconds, for the report's side-by-side cold up (report.cold_up_parts):
         # what follows vLLM's `docker run` until /health answers is the harness's wait
-        t0 = time.monotonic()
         steps: dict[str, float] = {}
         failed = self._start_ray(timeout=120, steps=steps)
         if failed is not None:
             return Outcome(False, failed.tail(), {"steps": steps})
         res = self._start_vllm()
         steps["vllm_run_s"] = res.seconds
-        steps["total_s"] = time.monotonic() - t0
         return Outcome(res.ok, "" if res.ok else res.tail(), {"steps": steps})
 
     def reapply(self) -> Outcome:

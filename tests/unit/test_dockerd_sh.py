@@ -2,9 +2,10 @@
 descriptors. A CI harness that waits for EOF on a pipe it passed on, or a `flock` wrapper whose
 lock is an open descriptor, waited on the daemon's whole life (a CI run waited 10 min on it).
 
-The daemon here is a stand-in on PATH (`dockerd` records the descriptors it was started with,
-then waits; `docker info` answers once it has started; `pgrep` finds no daemon), so the test
-runs the script's own start path whether or not a real engine runs on this machine."""
+The daemon here is a stand-in on PATH (`dockerd` records its pid and becomes a `sleep` that
+keeps the descriptors it was given; `docker info` answers once it has started; `pgrep` finds no
+daemon), so the test runs the script's own start path whether or not a real engine runs on this
+machine."""
 
 from __future__ import annotations
 
