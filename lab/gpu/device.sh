@@ -3,6 +3,8 @@
 #   bash lab/gpu/device.sh stash        keep the carried wheel part(s) in /root/stash
 #   bash lab/gpu/device.sh run PART     stash, install once (wheels checked against the lock),
 #                                       make the tiny models, run the runner's PART into $OUT
+#   bash lab/gpu/device.sh run real-scale   the real-scale memory cases (real_scale.py), going
+#                                       on where the last call on this machine stopped
 # The machine starts bare and keeps files only while it stays warm (~30 s after a command), so
 # the calls follow each other at once.
 set -euo pipefail
@@ -28,5 +30,10 @@ if [ ! -f "$SITE/.ready" ]; then
   echo "[device] wheels checked and installed in $(( $(date +%s) - t0 )) s"
 fi
 export SPARK_VLLM_COMMIT=$(cat .commit 2>/dev/null || echo unknown)  # prepare.sh writes it
+if [ "$part" = real-scale ]; then  # issue 45: resumable over calls made back to back
+  PYTHONPATH="$SITE" python3 lab/gpu/real_scale.py --hf "$HF" --out "$OUT" --state /root/rs \
+    --until "${UNTIL:-$(( $(date +%s) + 540 ))}" --cases "${CASES:-}"
+  exit 0
+fi
 PYTHONPATH="$SITE" python3 lab/gpu/tiny_model.py "$HF" ${MODELS:-dense}
 PYTHONPATH="$SITE" python3 lab/gpu/runner.py --out "$OUT" --part "$part" --cases "${CASES:-}" 2>&1 | tee "$OUT/runner-$part.log"

@@ -321,6 +321,26 @@ def fp8_model(snap: Path, cfg: dict) -> None:
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
+def multimodal_files(snap: Path, cfg: dict, ids: dict[str, int]) -> None:
+    """The vision token ids into the config, and Qwen3-VL's image and video processor configs
+    (the sizes Qwen3.5's checkpoints ship: vLLM's encoder profile sizes its dummy image by them)."""
+    for key, token in (("image_token_id", "<|image_pad|>"),
+                       ("video_token_id", "<|video_pad|>"),
+                       ("vision_start_token_id", "<|vision_start|>"),
+                       ("vision_end_token_id", "<|vision_end|>")):
+        cfg[key] = ids[token]
+    processor = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
+                 "processor_class": "Qwen3VLProcessor"}
+    (snap / "preprocessor_config.json").write_text(json.dumps({
+        **processor, "image_processor_type": "Qwen2VLImageProcessorFast",
+        "size": {"longest_edge": 16777216, "shortest_edge": 65536}}, indent=1))
+    (snap / "video_preprocessor_config.json").write_text(json.dumps({
+        **processor, "video_processor_type": "Qwen3VLVideoProcessor",
+        "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "fps": 2,
+        "min_frames": 4, "max_frames": 768}, indent=1))
+
+
 def write_sized(hf_home: Path, kind: str) -> dict:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -337,21 +357,7 @@ def write_sized(hf_home: Path, kind: str) -> dict:
         text = cfg.get("text_config", cfg)
         ids = padded_tokenizer(snap, text["vocab_size"], specials)
         if "text_config" in cfg:
-            for key, token in (("image_token_id", "<|image_pad|>"),
-                               ("video_token_id", "<|video_pad|>"),
-                               ("vision_start_token_id", "<|vision_start|>"),
-                               ("vision_end_token_id", "<|vision_end|>")):
-                cfg[key] = ids[token]
-            processor = {"patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
-                         "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5],
-                         "processor_class": "Qwen3VLProcessor"}
-            (snap / "preprocessor_config.json").write_text(json.dumps({
-                **processor, "image_processor_type": "Qwen2VLImageProcessorFast",
-                "size": {"longest_edge": 16777216, "shortest_edge": 65536}}, indent=1))
-            (snap / "video_preprocessor_config.json").write_text(json.dumps({
-                **processor, "video_processor_type": "Qwen3VLVideoProcessor",
-                "size": {"longest_edge": 25165824, "shortest_edge": 4096}, "fps": 2,
-                "min_frames": 4, "max_frames": 768}, indent=1))
+            multimodal_files(snap, cfg, ids)
         if "quantization_config" in cfg:
             fp8_model(snap, cfg)
             (snap / "config.json").write_text(json.dumps(cfg, indent=1))
