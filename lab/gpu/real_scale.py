@@ -154,9 +154,9 @@ def run_case(name: str, snap: str, kind: str, args: tuple[str, ...], limit_s: fl
     freed_by = time.monotonic() + 90
     while gpu_used_mib() > 2048 and time.monotonic() < freed_by:
         time.sleep(1)
-    kept = [f"{t:7.1f} {ln[:700]}" for t, ln in lines if MARKS.search(ln)]
+    kept = [f"{t:7.1f} {ln[:500]}" for t, ln in lines if MARKS.search(ln)]
     return {"kind": kind, "args": list(args), "outcome": outcome, "rc": rc,
-            "seconds": seconds, "gpu_used_mib_after": gpu_used_mib(), "log": kept[-160:],
+            "seconds": seconds, "gpu_used_mib_after": gpu_used_mib(), "log": kept[:300],
             "tail": [f"{t:7.1f} {ln[:700]}" for t, ln in lines[-40:]] if outcome != "started"
             else []}
 
