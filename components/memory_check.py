@@ -28,6 +28,9 @@ FLAGS = {"--max-model-len": ("max_model_len", int), "--kv-cache-dtype": ("kv_cac
          "--block-size": ("block_size", int), "--max-num-seqs": ("max_num_seqs", int),
          "--max-num-batched-tokens": ("max_num_batched_tokens", int),
          "--mamba-ssm-cache-dtype": ("mamba_ssm_cache_dtype", str)}
+# vLLM's switches the estimate reads (present: on); each changes what vLLM's profile measures:
+# no CUDA graphs (no estimate, no temporary KV cache, no Mamba-block check), no vision encoder
+SWITCHES = {"--enforce-eager": "enforce_eager", "--language-model-only": "language_model_only"}
 
 
 def _number(text: str, kind: type) -> Any:
@@ -51,6 +54,10 @@ def estimate_flags(spec: ClusterSpec) -> dict[str, Any]:
                 out[key] = _number(value, kind)
             except ValueError:
                 continue  # vLLM refuses it itself, with its own message
+    spellings = {a.partition("=")[0].replace("_", "-") for a in spec.vllm_args}
+    for flag, key in SWITCHES.items():
+        if flag in spellings:  # only when set: a stack without them keeps its check's triggers
+            out[key] = True
     return out
 
 
@@ -73,7 +80,9 @@ def _source(*parts: str) -> str:
 
 
 def stdin(spec: ClusterSpec, ssh_private_key: str) -> str:
-    helpers = {"memory_estimate": _source("memory_estimate.py"),
+    helpers = {"memory_model": _source("memory_model.py"),
+               "memory_profile": _source("memory_profile.py"),
+               "memory_estimate": _source("memory_estimate.py"),
                "node_memory": _source("node_memory.py"),
                "image_check": _source("scripts", "image_check.py")}
     return staging_commands.staging_stdin(

@@ -1,8 +1,9 @@
 """spark-vllm's memory admission, run on the head with its python3 (stdlib only) after the
 model is staged and before any container starts: `python3 PROGRAM KEYFILE`, the program
 preceded by `PAYLOAD = {…}` (the layout, vLLM's memory flags, how the head reaches each node)
-and `HELPERS = {…}` (the sources of spark_vllm/memory_estimate.py, node_memory.py and
-scripts/image_check.py, whose code it runs rather than repeats).
+and `HELPERS = {…}` (the sources of spark_vllm/memory_model.py, memory_profile.py,
+memory_estimate.py, node_memory.py and scripts/image_check.py, whose code it runs rather than
+repeats; the first three in that order, each importing the ones before it by name).
 
 Reads the model's own files in the head's hfCache (config.json, the safetensors headers),
 estimates what each rank holds (memory_estimate.estimate), asks every node now how much GPU
@@ -57,6 +58,8 @@ def running_utilization(container: str, default: float, nm: Any) -> float | None
 
 
 def main(key: str, p: dict[str, Any]) -> int:
+    load("memory_model")
+    load("memory_profile")
     me, nm, ssh = load("memory_estimate"), load("node_memory"), load("image_check")
     snapshot = os.path.join(p["hf"], "hub", "models--" + p["model"].replace("/", "--"),
                             "snapshots")
