@@ -24,22 +24,30 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-try:  # a module of the package, or helpers memory_check.py loaded before this one
-    from . import memory_profile as profile
-    from .memory_model import (  # noqa: F401  (re-exported: the admission's one entry point)
-        CONFIG_ALIASES, DTYPE_BYTES, EMBED_ON_EVERY_STAGE, LM_HEAD_ON_EVERY_STAGE,
-        MODEL_DTYPE_BYTES, SUPPORTED_ARCHITECTURES, V2_MOE_ARCHITECTURES, VOCAB_PADDING, GiB,
-        ModelFiles, UnsupportedModelError, cdiv, check_supported, config_value, layer_kinds,
-        pp_layer_ranges, read_header, read_model, rope_parameters, rotary_cache_bytes,
-        weights_per_stage)
-except ImportError:  # pragma: no cover - exercised on the node
-    import memory_profile as profile  # type: ignore[no-redef]
-    from memory_model import (  # type: ignore[no-redef]  # noqa: F401
-        CONFIG_ALIASES, DTYPE_BYTES, EMBED_ON_EVERY_STAGE, LM_HEAD_ON_EVERY_STAGE,
-        MODEL_DTYPE_BYTES, SUPPORTED_ARCHITECTURES, V2_MOE_ARCHITECTURES, VOCAB_PADDING, GiB,
-        ModelFiles, UnsupportedModelError, cdiv, check_supported, config_value, layer_kinds,
-        pp_layer_ranges, read_header, read_model, rope_parameters, rotary_cache_bytes,
-        weights_per_stage)
+from . import memory_profile as profile
+from .memory_model import (  # noqa: F401  (re-exported: the admission's one entry point)
+    CONFIG_ALIASES,
+    DTYPE_BYTES,
+    EMBED_ON_EVERY_STAGE,
+    LM_HEAD_ON_EVERY_STAGE,
+    MODEL_DTYPE_BYTES,
+    SUPPORTED_ARCHITECTURES,
+    V2_MOE_ARCHITECTURES,
+    VOCAB_PADDING,
+    GiB,
+    ModelFiles,
+    UnsupportedModelError,
+    cdiv,
+    check_supported,
+    config_value,
+    layer_kinds,
+    pp_layer_ranges,
+    read_header,
+    read_model,
+    rope_parameters,
+    rotary_cache_bytes,
+    weights_per_stage,
+)
 
 DEFAULT_BLOCK_SIZE = 16  # vllm/config/cache.py CacheConfig.DEFAULT_BLOCK_SIZE
 KERNEL_BLOCK_ALIGNMENT = 16  # vllm/v1/attention/backends/flash_attn.py: [MultipleOf(16)]
@@ -325,7 +333,7 @@ def fit(est: Estimate, total_bytes: int, free_bytes: int, utilization: float,
                   f"startup is less than desired GPU memory utilization ({utilization}, "
                   f"{_gib(req)} GiB). Decrease GPU memory utilization or reduce GPU memory used "
                   f"by other processes.")
-    elif est.profile_blocks and (oom := _profile_oom(est, free_bytes)):
+    elif est.profile_blocks and (oom := _profile_oom(est, free_bytes, avail)):
         reason = oom
     elif avail[worst] <= 0:
         reason = (f"No available memory for the cache blocks: weights {_gib(est.weights[worst])}"
@@ -353,9 +361,11 @@ def fit(est: Estimate, total_bytes: int, free_bytes: int, utilization: float,
                tokens=tokens_for(est, avail, n) if not reason else 0)
 
 
-def _profile_oom(est: Estimate, free_bytes: int) -> str:
+def _profile_oom(est: Estimate, free_bytes: int, avail: list[int]) -> str:
     """The CUDA-graph profile's out-of-memory (fit's refusal 2), or "" when it fits: its
-    temporary KV cache, the weights and buffers, and the graphs it captures to measure."""
+    temporary KV cache, the weights and buffers, and the graphs it captures to measure. The
+    --max-num-seqs it proposes also passes the Mamba-block check (refusal 5) at today's KV
+    budget, which fewer sequences only raise."""
     def held(stage: int, blocks: int) -> int:
         graphs = est.cudagraph[stage] if est.cudagraph else 0
         return (est.weights[stage] + est.non_torch + est.persistent[stage] + graphs
@@ -366,6 +376,8 @@ def _profile_oom(est: Estimate, free_bytes: int) -> str:
         return ""
     room = min((free_bytes - held(s, 0)) // est.kv_slot_bytes(s) for s in range(est.pp))
     seqs = max(0, min(room, est.max_num_seqs - 1))  # blocks = max_num_seqs below the cap
+    if est.hybrid and est.full_cudagraphs:
+        seqs = min(seqs, num_blocks(est, avail))
     return (f"CUDA out of memory in vLLM's CUDA-graph memory profile: it allocates a temporary "
             f"KV cache of {est.profile_blocks} blocks ({_gib(est.profile_blocks * est.kv_slot_bytes(stage))} "
             f"GiB: min(max_num_seqs, largest CUDA-graph size) blocks on every KV slot) on top of "

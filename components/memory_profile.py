@@ -25,13 +25,11 @@ Pure, standard library only: memory_check.py runs it on the head with a bare pyt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
-try:  # a module of the package, or a helper memory_check.py loaded before this one
-    from .memory_model import GiB, MODEL_DTYPE_BYTES, ModelFiles, config_value
-except ImportError:  # pragma: no cover - exercised on the node
-    from memory_model import GiB, MODEL_DTYPE_BYTES, ModelFiles, config_value  # type: ignore
+from .memory_model import MODEL_DTYPE_BYTES, GiB, ModelFiles, config_value
 
 # vllm/engine/arg_utils.py get_batch_defaults: GPUs of >= 70 GiB (H100/H200), `vllm serve`
 DEFAULT_MAX_NUM_BATCHED_TOKENS, DEFAULT_MAX_NUM_SEQS = 8192, 1024
@@ -53,7 +51,7 @@ SAMPLER_BYTES_V1, SAMPLER_BYTES_V2 = 15.5, 4
 VISION_MLP_TENSORS, VISION_HIDDEN_TENSORS = 2, 2.5
 # - memory outside torch vLLM's profile sees grow (CUDA modules, cuBLAS/NCCL workspaces):
 #   0.22-0.27 GiB at real scale, the V1 runner's the larger
-NON_TORCH_V1, NON_TORCH_V2 = int(0.27 * GiB), int(0.25 * GiB)
+NON_TORCH_V1, NON_TORCH_V2 = int(0.275 * GiB), int(0.25 * GiB)
 # - "Model loading took" exceeds the weights' bytes by up to 0.04 GiB on the seeds' class
 #   (a transient of the load: 116.23 against 116.19 GiB for the 122B's dimensions)
 LOAD_TRANSIENT = int(0.045 * GiB)
@@ -151,7 +149,8 @@ def activation(model: ModelFiles, tp: int, first: bool, last: bool, tokens: int,
     out = max(forward, workspace) + peak_vision + kept
     if last:
         rows = min(seqs, tokens)
-        sampler = rows * int(text["vocab_size"]) * (SAMPLER_BYTES_V1 if v1 else SAMPLER_BYTES_V2)
+        sampler = math.ceil(rows * int(text["vocab_size"])
+                            * (SAMPLER_BYTES_V1 if v1 else SAMPLER_BYTES_V2))
         out = max(out, tokens * MODEL_DTYPE_BYTES * hidden + kept + workspace + sampler)
     return out
 

@@ -3,7 +3,8 @@ model is staged and before any container starts: `python3 PROGRAM KEYFILE`, the 
 preceded by `PAYLOAD = {…}` (the layout, vLLM's memory flags, how the head reaches each node)
 and `HELPERS = {…}` (the sources of spark_vllm/memory_model.py, memory_profile.py,
 memory_estimate.py, node_memory.py and scripts/image_check.py, whose code it runs rather than
-repeats; the first three in that order, each importing the ones before it by name).
+repeats; loaded as the modules of one package, in that order, so that their relative imports
+resolve).
 
 Reads the model's own files in the head's hfCache (config.json, the safetensors headers),
 estimates what each rank holds (memory_estimate.estimate), asks every node now how much GPU
@@ -24,10 +25,18 @@ import tempfile
 import types
 from typing import Any
 
+PACKAGE = "spark_vllm_helpers"  # the helpers' package here, so their relative imports resolve
+
 
 def load(name: str) -> types.ModuleType:
-    mod = types.ModuleType(name)
-    sys.modules[name] = mod  # dataclasses look their module up
+    """A helper's source as the module PACKAGE.name (dataclasses look their module up)."""
+    if PACKAGE not in sys.modules:
+        package = types.ModuleType(PACKAGE)
+        package.__path__ = []
+        sys.modules[PACKAGE] = package
+    mod = types.ModuleType(f"{PACKAGE}.{name}")
+    mod.__package__ = PACKAGE
+    sys.modules[mod.__name__] = mod
     exec(compile(globals()["HELPERS"][name], f"{name}.py", "exec"), mod.__dict__)
     return mod
 

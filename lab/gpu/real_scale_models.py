@@ -19,7 +19,6 @@ has to come back from the GPU machine.
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import math
 import os
@@ -186,10 +185,8 @@ def write(hf_home: Path, kind: str) -> dict[str, Any]:
     cfg, shards = headers(kind)
     multimodal = "text_config" in cfg
     specials = tiny_model.QWEN_SPECIALS if multimodal else tiny_model.SPECIALS
-    commit = hashlib.sha1(json.dumps([GENERATOR_VERSION, kind, cfg, specials],
-                                     sort_keys=True).encode()).hexdigest()
-    repo = hf_home / "hub" / f"models--spark-vllm--{kind}"
-    snap = repo / "snapshots" / commit
+    repo, snap, commit = tiny_model.hub_paths(hf_home, kind, [GENERATOR_VERSION, kind, cfg,
+                                                              specials])
     if not (snap / "config.json").exists():
         snap.mkdir(parents=True, exist_ok=True)
         text = cfg.get("text_config", cfg)
@@ -205,9 +202,7 @@ def write(hf_home: Path, kind: str) -> dict[str, Any]:
         (snap / "model.safetensors.index.json").write_text(json.dumps(
             {"metadata": {"total_size": total}, "weight_map": weight_map}))
         (snap / "config.json").write_text(json.dumps(cfg, indent=1))
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    files = sorted(p.name for p in snap.iterdir())
+    files = tiny_model.finish(repo, snap, commit)
     return {"repo": f"spark-vllm/{kind}", "commit": commit, "path": str(snap),
             "apparent_bytes": sum((snap / f).stat().st_size for f in files),
             "disk_bytes": sum((snap / f).stat().st_blocks * 512 for f in files),

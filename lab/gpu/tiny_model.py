@@ -321,6 +321,21 @@ def fp8_model(snap: Path, cfg: dict) -> None:
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
 
 
+def hub_paths(hf_home: Path, name: str, key: list) -> tuple[Path, Path, str]:
+    """(repo dir, snapshot dir, commit) of spark-vllm/NAME in huggingface_hub's cache layout,
+    the commit named from the generator's parameters `key`."""
+    commit = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    repo = hf_home / "hub" / f"models--spark-vllm--{name}"
+    return repo, repo / "snapshots" / commit, commit
+
+
+def finish(repo: Path, snap: Path, commit: str) -> list[str]:
+    """refs/main -> commit (written last: a model is there once its ref is); the files."""
+    (repo / "refs").mkdir(parents=True, exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    return sorted(p.name for p in snap.iterdir())
+
+
 def multimodal_files(snap: Path, cfg: dict, ids: dict[str, int]) -> None:
     """The vision token ids into the config, and Qwen3-VL's image and video processor configs
     (the sizes Qwen3.5's checkpoints ship: vLLM's encoder profile sizes its dummy image by them)."""
@@ -348,10 +363,8 @@ def write_sized(hf_home: Path, kind: str) -> dict:
     start = time.monotonic()
     cfg = json.loads(json.dumps(SIZED[kind]))
     specials = QWEN_SPECIALS if "text_config" in cfg else SPECIALS
-    commit = hashlib.sha1(json.dumps([GENERATOR_VERSION, kind, cfg, specials, CHAT_TEMPLATE],
-                                     sort_keys=True).encode()).hexdigest()
-    repo = hf_home / "hub" / f"models--spark-vllm--{kind}"
-    snap = repo / "snapshots" / commit
+    repo, snap, commit = hub_paths(hf_home, kind,
+                                   [GENERATOR_VERSION, kind, cfg, specials, CHAT_TEMPLATE])
     if not (snap / "config.json").exists():
         snap.mkdir(parents=True, exist_ok=True)
         text = cfg.get("text_config", cfg)
@@ -369,9 +382,7 @@ def write_sized(hf_home: Path, kind: str) -> dict:
             with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
                 model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
             model.save_pretrained(snap, safe_serialization=True)
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    files = sorted(p.name for p in snap.iterdir())
+    files = finish(repo, snap, commit)
     return {"repo": f"spark-vllm/{kind}", "commit": commit, "files": files,
             "bytes": sum((snap / f).stat().st_size for f in files),
             "config": json.loads((snap / "config.json").read_text()),
@@ -384,10 +395,8 @@ def write(hf_home: Path, kind: str) -> dict:
 
     start = time.monotonic()
     cfg = {**BASE, **CONFIGS[kind]}
-    commit = hashlib.sha1(json.dumps([GENERATOR_VERSION, cfg, SPECIALS, CHAT_TEMPLATE],
-                                     sort_keys=True).encode()).hexdigest()
-    repo = hf_home / "hub" / f"models--spark-vllm--tiny-{kind}"
-    snap = repo / "snapshots" / commit
+    repo, snap, commit = hub_paths(hf_home, f"tiny-{kind}",
+                                   [GENERATOR_VERSION, cfg, SPECIALS, CHAT_TEMPLATE])
     if not (snap / "config.json").exists():
         snap.mkdir(parents=True, exist_ok=True)
         cfg["vocab_size"] = tokenizer_files(snap)
@@ -396,9 +405,7 @@ def write(hf_home: Path, kind: str) -> dict:
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)  # config: bf16
         model.save_pretrained(snap, safe_serialization=True)
-    (repo / "refs").mkdir(parents=True, exist_ok=True)
-    (repo / "refs" / "main").write_text(commit)
-    files = sorted(p.name for p in snap.iterdir())
+    files = finish(repo, snap, commit)
     return {"repo": f"spark-vllm/tiny-{kind}", "commit": commit, "files": files,
             "bytes": sum((snap / f).stat().st_size for f in files),
             "seconds": round(time.monotonic() - start, 2)}

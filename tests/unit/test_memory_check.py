@@ -139,3 +139,15 @@ def test_max_model_len_auto_leaves_the_fit_to_vllm_and_shows_the_estimate(
     assert re.search(r"--max-model-len auto: about \d+ tokens fit", proc.stderr)
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert 100_000 < summary["maxModelLen"] < 262144
+
+
+def test_the_switches_that_change_vllms_profile_reach_the_estimate() -> None:
+    """--enforce-eager (no CUDA graphs: no estimate, no temporary KV cache, no Mamba-block
+    check) and --language-model-only (no encoder profile), in either spelling; absent, the
+    payload has no such key, so a stack without them keeps its check's triggers."""
+    def flags(args: list[str]) -> dict[str, object]:
+        return memory_check.estimate_flags(spec_from([{"name": "a", "host": "10.0.0.1"}],
+                                                     vllmArgs=args))
+    assert flags(["--enforce-eager", "--language_model_only"]) == {
+        "enforce_eager": True, "language_model_only": True}
+    assert flags(["--max-num-seqs", "64"]) == {"max_num_seqs": 64}
