@@ -443,16 +443,19 @@ def _wait_loop(ready_test: str, timeout_s: int | str, what: str, extra_checks: l
 # middleware that follow it.
 PROBE_SEPARATOR = "#--- spark-vllm: vllm_probe.py follows ---"
 AUTH_SEPARATOR = "#--- spark-vllm: spark_vllm_auth.py follows ---"
+GATE_SEPARATOR = "#--- spark-vllm: ray_gate.py follows ---"  # the placement check (Ray)
 PROBE_FILE = ".vllm-probe.py"
 VLLM_FILES_DIR = ".vllm-files"  # what the vLLM command copies into VLLM_CONFIG_ROOT
 
 
 def vllm_stdin(hf_token: str | None) -> str:
-    """stdin of the vLLM command: its env-file, the probe's Python, the middleware. Programs
-    inlined in `create` would be quoted whole in Pulumi's error when the command fails."""
+    """stdin of the vLLM command: its env-file, the probe's Python, the middleware, the Ray
+    gate's program (its placement check). Programs inlined in `create` would be quoted whole
+    in Pulumi's error when the command fails."""
     return (secret_env_file(VLLM, hf_token) + PROBE_SEPARATOR + "\n"
             + script_text("vllm_probe.py") + AUTH_SEPARATOR + "\n"
-            + script_text("spark_vllm_auth.py"))
+            + script_text("spark_vllm_auth.py") + GATE_SEPARATOR + "\n"
+            + script_text("ray_gate.py"))
 
 
 def probe_target(spec: ClusterSpec) -> list[str]:
@@ -547,9 +550,11 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
             f"rm -rf {VLLM_FILES_DIR}; mkdir {VLLM_FILES_DIR}",
             # split stdin at the separators: env-file, probe, middleware
             "awk -v p=" + shlex.quote(PROBE_SEPARATOR) + " -v a=" + shlex.quote(AUTH_SEPARATOR)
+            + " -v g=" + shlex.quote(GATE_SEPARATOR)
             + f" -v f={shlex.quote(env_file_name(role))} " + shlex.quote(
                 '$0 == p { f = "' + PROBE_FILE + '"; next } $0 == a { f = "' + VLLM_FILES_DIR
-                + '/spark_vllm_auth.py"; next } { print > f }'),
+                + '/spark_vllm_auth.py"; next } $0 == g { f = "' + VLLM_FILES_DIR
+                + '/ray_gate.py"; next } { print > f }'),
             f"printf '%s\\n' {shlex.quote(json.dumps(list(NON_CARRY_OVER_ENV)))} "
             f"> {VLLM_FILES_DIR}/ray_non_carry_over_env_vars.json",
         ]),

@@ -1,4 +1,5 @@
-"""Readiness gate, run inside the Ray head container: Ray's own node table against the spec.
+"""Readiness gate, run inside the Ray head container: Ray's own node table against the spec;
+and, in `placement` mode, whether a placement group vLLM waits for can be placed at all.
 
 argv[1]: JSON {"expected": [{"name", "ip", "gpus"}], "timeout": s, "address": "ip:port",
 "preflight": [json, ...]}. The script itself comes on stdin (`python3 - PAYLOAD`), so a failure
@@ -6,6 +7,15 @@ message that quotes the command line stays short. Polls Ray's node table until e
 node is alive under its identity IP with its GPUs and no other node is alive; else fails after
 `timeout` with an expected-vs-seen table, instead of vLLM's 1800 s placement-group wait
 (vllm/v1/executor/ray_utils.py, PG_WAIT_TIMEOUT). Prints the node table as JSON.
+
+`python3 ray_gate.py placement PAYLOAD LINE` (the vLLM command, while vLLM logs "Waiting for
+creating a placement group ... specs=[...]": vLLM prints it after any 10 s wait and goes on
+waiting): reads Ray's state from the GCS (its nodes with their total and available resources,
+the placement groups with their state and the jobs that made them, the jobs) and decides
+(`placement_verdict`). Exit 3 with the reason when the group can never be placed as things
+stand: a `node:` bundle no node has, more GPUs (or a bundle larger) than the cluster's nodes
+have, or GPUs held by another live job's placement group. Exit 0 with what Ray says
+otherwise: the caller keeps waiting, within its bound.
 """
 import json
 import sys
@@ -61,6 +71,116 @@ def table(rows):
                      for r in (head, *rows))
 
 
+def _gpus(resources):
+    return float((resources or {}).get("GPU", 0))
+
+
+def _fits(bundle, resources):
+    return all(float(resources.get(k, 0)) >= float(v) for k, v in bundle.items())
+
+
+def placement_verdict(specs, state):
+    """("cannot", why) or ("wait", what Ray says) for the group of `specs` vLLM waits for.
+
+    `state`: {"nodes": ray.nodes() (NodeID, Alive, NodeManagerAddress, Resources = totals),
+    "available": {node id: resources}, "groups": {id: placement_group_table() entry, with
+    "creator_job"}, "jobs": [{"JobID", "IsDead", "DriverIPAddress"}]}."""
+    nodes = [n for n in state["nodes"] if n.get("Alive")]
+    totals = {n["NodeID"]: n.get("Resources") or {} for n in nodes}
+    where = {n["NodeID"]: n["NodeManagerAddress"] for n in nodes}
+    described = ", ".join(f"{where[i]} ({_gpus(totals[i]):g} GPU)" for i in sorted(where))
+    for bundle in specs:
+        for key in bundle:
+            if key.startswith("node:") and not any(key in t for t in totals.values()):
+                return "cannot", (
+                    f"vLLM pins its placement group to {key} (its VLLM_HOST_IP, {key[5:]}) and "
+                    f"Ray has no node with that address: Ray's nodes are {described or 'none'}")
+    asked, have = sum(_gpus(b) for b in specs), sum(_gpus(t) for t in totals.values())
+    if asked > have:
+        return "cannot", (f"vLLM asks Ray for {asked:g} GPUs and Ray's cluster has {have:g}: "
+                          f"{described or 'no node'}")
+    for bundle in specs:
+        if not any(_fits(bundle, t) for t in totals.values()):
+            return "cannot", (f"no Ray node has the resources of the bundle {bundle}: "
+                              f"Ray's nodes are {described}")
+    groups = list(state["groups"].values())
+    mine = [g for g in groups if g["state"] == "PENDING"
+            and sorted(map(sorted, (b.items() for b in g["bundles"].values())))
+            == sorted(map(sorted, (b.items() for b in specs)))]
+    if not mine:
+        return "wait", "Ray has placed the group (no pending group of these specs)"
+    jobs = {j["JobID"]: j for j in state.get("jobs", [])}
+    live, ending = [], []
+    for g in groups:
+        held = sum(_gpus(b) for b in g["bundles"].values())
+        if g["state"] in ("CREATED", "PREPARED", "RESCHEDULING") and held:
+            job = jobs.get(g.get("creator_job") or "", {})
+            (ending if job.get("IsDead") else live).append((g, held, job))
+    if have - sum(h for _, h, _ in live) < asked:
+        names = "; ".join(
+            f"placement group {g.get('name') or '(unnamed)'} ({g['placement_group_id']}, "
+            f"{h:g} GPU) of job {g.get('creator_job') or '?'}"
+            + (f" (driver {job['DriverIPAddress']})" if job.get("DriverIPAddress") else "")
+            for g, h, job in live)
+        return "cannot", (f"the {asked:g} GPUs vLLM asks for are held by another job: {names}. "
+                          "Another vLLM on this Ray cluster? Stop it, or give this stack "
+                          "other nodes")
+    free = {i: _gpus(state["available"].get(i)) for i in totals}
+    pending = mine[0].get("stats") or {}
+    said = [f"GPUs free: {', '.join(f'{where[i]} {free[i]:g}/{_gpus(totals[i]):g}' for i in sorted(where))}",
+            f"the group is PENDING ({pending.get('scheduling_state', '?')}, attempt "
+            f"{pending.get('scheduling_attempt', '?')})"]
+    if ending:
+        said.append("GPUs still held by the group of a finished job, which Ray is removing: "
+                    + ", ".join(g["placement_group_id"] for g, _, _ in ending))
+    elif sum(free.values()) < asked:
+        said.append("GPUs in use outside placement groups (tasks or actors) or not yet "
+                    "reported free by their raylets")
+    return "wait", "; ".join(said)
+
+
+def parse_specs(line):
+    """The bundles of vLLM's line "... specs=[{'GPU': 1.0, 'node:10.0.0.1': 0.001}, ...]"."""
+    import ast
+
+    return ast.literal_eval(line.split("specs=", 1)[1].split("]", 1)[0] + "]")
+
+
+def cluster_state(address):
+    """Ray's state for placement_verdict, from the GCS alone (as node_table_reader)."""
+    from ray._private import state
+    from ray._raylet import GcsClientOptions
+
+    gcs = state.GlobalState()
+    gcs._initialize_global_state(GcsClientOptions.create(
+        address, None, allow_cluster_id_nil=True, fetch_cluster_id_if_nil=False))
+    groups = gcs.placement_group_table()
+    try:  # the job that made each group: in the GCS's record, not in the table's summary
+        from ray.core.generated import gcs_pb2
+
+        for raw in gcs._connect_and_get_accessor().get_placement_group_table():
+            data = gcs_pb2.PlacementGroupTableData.FromString(raw)
+            if data.placement_group_id.hex() in groups:
+                groups[data.placement_group_id.hex()]["creator_job"] = data.creator_job_id.hex()
+    except Exception:  # noqa: BLE001 - without it every holder counts as live
+        pass
+    jobs = [{"JobID": j.get("JobID"), "IsDead": bool(j.get("IsDead")),
+             "DriverIPAddress": j.get("DriverIPAddress")} for j in gcs.job_table()]
+    return {"nodes": gcs.node_table(), "available": gcs.available_resources_per_node(),
+            "groups": groups, "jobs": jobs}
+
+
+CANNOT_RC = 3  # any other failure (a traceback exits 1) means: could not tell
+
+
+def placement(payload, line):
+    """Exit CANNOT_RC with the reason when vLLM's group cannot be placed; else print what Ray
+    says (exit 0)."""
+    verdict, why = placement_verdict(parse_specs(line), cluster_state(payload["address"]))
+    print(why)
+    sys.exit(CANNOT_RC if verdict == "cannot" else 0)
+
+
 def node_table_reader(address):
     """A function returning Ray's node table (what `ray.nodes()` returns).
 
@@ -89,6 +209,8 @@ def node_table_reader(address):
 
 
 def main():
+    if sys.argv[1] == "placement":
+        placement(json.loads(sys.argv[2]), sys.argv[3])
     payload = json.loads(sys.argv[1])
     expected, timeout = payload["expected"], payload["timeout"]
     mismatch = version_problem(payload.get("preflight", []))

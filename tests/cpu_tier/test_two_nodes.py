@@ -66,7 +66,7 @@ def test_the_seeds_incident_real_vllm_waits_on_the_unregistered_ip(run: dict) ->
     """Ray's nodes registered under their LAN addresses, vLLM started the seeds' way (V1 Ray
     executor, VLLM_HOST_IP = the head's fabric address): real vLLM pins `node:<VLLM_HOST_IP>`
     in its placement group and waits, though Ray has both GPUs; the program's vLLM command
-    names that wait and stops."""
+    asks Ray, which has no node under that address, and stops."""
     for start in ("incident_head_start", "incident_worker_start"):
         assert run["obs"][start]["rc"] == 0, run["obs"][start]
     r = run["obs"]["incident_vllm_v1"]
@@ -74,7 +74,9 @@ def test_the_seeds_incident_real_vllm_waits_on_the_unregistered_ip(run: dict) ->
     assert r["rc"] != 0, r
     assert "Waiting for creating a placement group" in err, err[-3000:]
     assert "'node:10.99.0.10': 0.001" in err, err[-3000:]
-    assert "the IP vLLM pins (VLLM_HOST_IP) is not a Ray node" in err, err[-3000:]
+    # decided on Ray's own state (ray_gate.py placement): the pin's address and Ray's nodes
+    assert "node:10.99.0.10 (its VLLM_HOST_IP, 10.99.0.10) and Ray has no node" in err, err[-3000:]
+    assert re.search(r"Ray's nodes are .*10\.98\.0\.10", err), err[-3000:]
     # the program stopped the wait at vLLM's first waiting line, long before vllmTimeout
     assert r["seconds"] < 120, r["seconds"]
 

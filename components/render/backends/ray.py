@@ -43,9 +43,17 @@ HEAD_POLL_INTERVAL_S = 0.2
 # `ray start` prints this once its raylet is up (and, on workers, joined the GCS).
 RAY_STARTED_MARK = "Ray runtime started"
 
-# vLLM's initialize_ray_cluster logs this when the placement group is not ready after ~10 s:
-# with the gate passed it means vLLM asks Ray for something Ray does not have (the outage's hang).
+# vLLM's initialize_ray_cluster logs this after any 10 s its placement group is not ready, and
+# goes on waiting (PG_WAIT_TIMEOUT, 1800 s). The line alone is no evidence: a group slow to
+# place (a raylet whose resources reach the GCS late, a GPU an actor still holds) prints it too.
+# So while it is in vLLM's log, every PG_CHECK_EVERY_S the vLLM command asks Ray itself
+# (scripts/ray_gate.py `placement`, copied into the head with vLLM's files) and fails only
+# when Ray's state shows the group can never be placed (the outage's `node:` pin on an address
+# Ray does not have, more GPUs than the cluster, GPUs held by another live job's group).
 PG_WAITING_MARK = "Waiting for creating a placement group"
+PG_CHECK_EVERY_S = 10
+PG_CANNOT_RC = 3  # ray_gate.py placement: the group cannot be placed (other codes: cannot tell)
+PG_CHECK_S = 60  # the check's bound: a GCS read, seconds on a busy head
 # A worker's `ray start` logs this 5 s into a GCS connection that has not completed, then keeps
 # retrying for minutes. The head is up by then (its command waited for it), so either the path
 # from this node to the head's identity IP is broken (the fabric, a route or a firewall) or the
@@ -220,13 +228,21 @@ def worker_start_script(spec: ClusterSpec, node: NodeSpec) -> str:
 def vllm_start_script(spec: ClusterSpec) -> str:
     """vLLM's container on the head; ready once it serves (and answered the smoke request)."""
     head = shlex.quote(container_name(spec, HEAD))
-    # The waiting line quotes the specs: only vLLM < 0.18 pins `node:<VLLM_HOST_IP>`.
+    # the waiting line quotes the group's specs (vLLM < 0.18 pins `node:<VLLM_HOST_IP>` there)
+    ask = shlex.join(["timeout", str(PG_CHECK_S), "docker", "exec", container_name(spec, HEAD),
+                      "python3", f"{VLLM_CONFIG_ROOT}/ray_gate.py", "placement",
+                      json.dumps({"address": f"{spec.head.identity_ip}:{spec.ray_port}"})])
     pg_check = (
-        f"if has {shlex.quote(PG_WAITING_MARK)}; then if has \"'node:\"; then "
-        'fail "vLLM is waiting for a Ray placement group that Ray cannot place: the IP '
-        'vLLM pins (VLLM_HOST_IP) is not a Ray node, or GPUs are missing"; else '
-        'fail "vLLM is waiting for a Ray placement group that Ray cannot place: the GPUs '
-        'it asks for are not free (another vLLM on this Ray cluster? ray status)"; fi; fi'
+        f"if has {shlex.quote(PG_WAITING_MARK)} && "
+        f'[ $(( $(date +%s) - ${{pg_asked:-0}} )) -ge {PG_CHECK_EVERY_S} ]; then '
+        "pg_asked=$(date +%s); "
+        f"pg_line=$(printf '%s\\n' \"$logs\" | grep -F {shlex.quote(PG_WAITING_MARK)} | tail -n 1); "
+        f'if said=$({ask} "$pg_line" 2>&1); then '
+        'log "vLLM waits for its Ray placement group; Ray says: $said"; '
+        f'else pg_rc=$?; if [ "$pg_rc" -eq {PG_CANNOT_RC} ]; then '
+        'fail "vLLM is waiting for a Ray placement group that Ray cannot place: $said"; '
+        'else log "vLLM waits for its Ray placement group; asking Ray failed (exit $pg_rc: '
+        '$(printf %s "$said" | tail -n 1)): waiting"; fi; fi; fi'
     )
     return start_script(
         spec, spec.head, VLLM, vllm_run_argv(spec), serves=True,
