@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -342,6 +343,56 @@ def test_5b_a_cold_start_past_vllm_timeout_and_a_slow_first_request_serve(lab2: 
     finally:
         lab2.set("vllmTimeout", 120)
         lab2.set("env", {})
+
+
+# A Ray driver in node-2's worker container that holds the node's GPU (an actor pinned to the
+# node) for argv[1] seconds, then lets it go: a group that needs that GPU is slow, not impossible.
+GPU_HOLDER = """
+import sys, time, ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+here = ray.get_runtime_context().get_node_id()
+@ray.remote(num_gpus=1)
+class Hold:
+    def ping(self):
+        return "ok"
+hold = Hold.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
+ray.get(hold.ping.remote(), timeout=60)
+print("held", flush=True)
+time.sleep(float(sys.argv[1]))
+"""
+
+
+def test_5c_a_placement_group_slow_to_place_is_waited_for(lab2: Lab) -> None:
+    """Issue 46: an actor holds node-2's GPU for 60 s while vLLM is replaced; vLLM logs that it
+    waits for its placement group (after 10 s, then 30 s), the vLLM command asks Ray, which says
+    the group is pending on GPUs in use outside placement groups, and keeps waiting: once the
+    actor ends vLLM places its group and serves, and the up succeeds."""
+    worker = next(c.name for c in containers(NODES) if c.role == "ray-worker")
+    holder = subprocess.Popen(cluster.ssh_argv("node-2", f"docker exec -i {worker} python3 - 60"),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdin and holder.stdout
+        holder.stdin.write(GPU_HOLDER)
+        holder.stdin.close()
+        line: list[str] = []
+        reader = threading.Thread(target=lambda: line.append(holder.stdout.readline()),
+                                  daemon=True)
+        reader.start()
+        reader.join(90)
+        assert line and line[0].strip() == "held", line
+        lab2.set("vllmArgs", ["--max-model-len", "2048"])
+        t0 = time.monotonic()
+        run = ok(lab2.up())
+        out = "\n".join(run.output)
+        assert set(run.changed()) == {"vllm-serve", "memory-check"}
+        assert "vLLM waits for its Ray placement group; Ray says: GPUs free:" in out, out[-3000:]
+        assert "outside placement groups" in out and "cannot place" not in out
+        assert time.monotonic() - t0 > 20  # it waited for the GPU, past vLLM's first line
+        assert_serving(lab2, {n["name"]: n["fabricIp"] for n in lab2.get("nodes")})
+    finally:
+        holder.kill()
+        holder.wait(30)
 
 
 def assert_nothing_on_nodes() -> None:
