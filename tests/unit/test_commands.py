@@ -20,8 +20,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spark_vllm.components.render import cache_commands, preflight_commands
 from spark_vllm.components.render import commands as c
-from spark_vllm.components.render import preflight_commands
 from spark_vllm.components.render.backends import ray as ray_backend
 from tests.unit.harness import fake_rsync, lab_nodes, spec_from
 
@@ -102,7 +102,7 @@ def test_a_ray_container_clears_a_cache_made_with_another_image_and_only_then(
     (bin_dir / "docker").chmod(0o755)
     script = "\n".join(["set -eu", 'log() { echo "$*" >&2; }',
                         'fail() { echo "FAILED: $*" >&2; exit 1; }',
-                        *c._cache_lines(spec, spec.head)]) + "\n"
+                        *cache_commands.cache_lines(spec, spec.head)]) + "\n"
 
     def run(img: str) -> str:
         env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "IMG": img}
