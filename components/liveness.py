@@ -26,7 +26,8 @@ import pulumi
 from pulumi import dynamic
 
 from . import ssh
-from .render.commands import inspect_script, liveness_timeout, script_text
+from .render.commands import script_text
+from .render.liveness_commands import inspect_script, liveness_timeout
 
 RUNNING = "running"
 COMPLETE = "complete"  # a staged model: every file of its manifest there, at its size

@@ -23,7 +23,7 @@ from .node import (
     liveness_of,
     vllm_stdin_secret,
 )
-from .render import commands
+from .render import commands, liveness_commands
 from .render.backends import native
 from .spec import ClusterSpec
 
@@ -60,7 +60,7 @@ class NativeGroup(pulumi.ComponentResource):
         super().__init__("spark-vllm:native:NativeGroup", name, None, opts)
         spec, nodes = args.spec, args.nodes
         before: list[pulumi.Resource] = [*(n.preflight for n in nodes), *args.after]
-        serving = commands.liveness_target(spec)
+        serving = liveness_commands.liveness_target(spec)
         leader_name = f"{name}-leader"
         rank_names = [f"{name}-rank-{n.node.name}" for n in nodes[1:]]
         # A group forms once: a headless rank whose rank 0 died stays up without ever joining

@@ -11,7 +11,7 @@ import pulumi
 from pulumi_command import remote
 
 from .liveness import ContainerLiveness
-from .render import commands, preflight_commands
+from .render import api_key_commands, commands, preflight_commands
 from .spec import SSH_DIALS, ClusterSpec, NodeSpec
 
 
@@ -132,7 +132,7 @@ def container_facts(spec: ClusterSpec, node: NodeSpec, argv: list[str],
 def api_key_command(name: str, parent: pulumi.Resource, node: SparkNode, spec: ClusterSpec,
                     api_key: pulumi.Input[str] | None,
                     depends_on: list[pulumi.Resource]) -> remote.Command | None:
-    """The API key's file on the node that serves the API (commands.api_key_script), when
+    """The API key's file on the node that serves the API (api_key_commands.api_key_script), when
     apiKey is set: the middleware reads it at each request that follows a change, so a
     rotation is an in-place update of this command (its stdin, a secret) and restarts no
     container. Its triggers hold where the file is, never the key: they change only with what
@@ -141,11 +141,11 @@ def api_key_command(name: str, parent: pulumi.Resource, node: SparkNode, spec: C
         return None
     return node_command(
         name, parent, node,
-        create=commands.api_key_script(spec, node.node),
-        delete=commands.api_key_remove_script(spec, node.node),
-        stdin=pulumi.Output.secret(api_key).apply(commands.api_key_text),
+        create=api_key_commands.api_key_script(spec, node.node),
+        delete=api_key_commands.api_key_remove_script(spec, node.node),
+        stdin=pulumi.Output.secret(api_key).apply(api_key_commands.api_key_text),
         triggers=[{"node": node.node.name, "host": node.node.host, "user": node.node.user,
-                   "file": f"{commands.api_key_dir(spec)}/{commands.API_KEY_FILE}"}],
+                   "file": f"{api_key_commands.api_key_dir(spec)}/{api_key_commands.API_KEY_FILE}"}],
         depends_on=depends_on)
 
 

@@ -21,7 +21,7 @@ from .memory_check import MemoryCheck
 from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
-from .render import backends, commands
+from .render import backends, commands, liveness_commands
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
 from .staging import ModelStaging, ModelStagingArgs
 from .vllm_service import VllmService, VllmServiceArgs
@@ -191,7 +191,7 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "rayNodes": ray_nodes,
         # how `spark-vllm status` reads vLLM (the refresh's liveness check) and what vLLM
         # needs free to start (its memory check before a repair)
-        "serving": {"check": commands.liveness_target(spec),
+        "serving": {"check": liveness_commands.liveness_target(spec),
                     "gpuMemoryUtilization": node_memory.utilization(spec.vllm_args)},
         # what the nodes hold: the model's commit, files, bytes and manifest digest
         "model": staging.summary if staging else {"model": spec.model, "staging": "none"},

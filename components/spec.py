@@ -38,7 +38,7 @@ OWNED_ENV = {
     "NCCL_IB_HCA": "nodes[].ibHca",
     "RAY_ADDRESS": "nodes[0] and rayPort",
     "VLLM_API_KEY": "apiKey (a secret)",
-    # where the API-key middleware reads the key (render/commands.py api_key_args)
+    # where the API-key middleware reads the key (render/api_key_commands.py api_key_args)
     "SPARK_VLLM_API_KEY_FILE": "apiKey (the program: its file on the API server's node)",
     "HF_TOKEN": "hfToken (a secret)",
     # vLLM >= 0.18 (RayExecutorV2): the driver reaches the ranks on its own node through ipc://

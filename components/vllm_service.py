@@ -9,7 +9,7 @@ import pulumi
 
 from .node import SparkNode, api_key_command, container_command, container_facts, vllm_stdin_secret
 from .ray_cluster import RayCluster
-from .render import commands
+from .render import commands, liveness_commands
 from .render.backends import ray
 from .spec import ClusterSpec
 
@@ -64,8 +64,8 @@ class VllmService(pulumi.ComponentResource):
                       for n, w in zip(spec.workers, cluster.workers, strict=True)}},
             depends_on=[cluster.gate, *args.after, *([self.api_key] if self.api_key else [])],
             # refresh asks the server itself, as a client would (vllm#53157): serving, busy
-            # or wedged (commands.liveness_target)
-            serving=commands.liveness_target(spec),
+            # or wedged (liveness_commands.liveness_target)
+            serving=liveness_commands.liveness_target(spec),
         )
         self.container_id = self.serve.stdout.apply(lambda s: s.strip())
         self.endpoint = pulumi.Output.from_input(f"http://{spec.head.host}:{spec.port}/v1")

@@ -45,7 +45,7 @@ from typing import Any
 
 from . import errors
 from .components import node_memory, ssh
-from .components.render import commands
+from .components.render import commands, liveness_commands
 from .components.secret_check import NAMESPACE
 
 
@@ -265,9 +265,9 @@ def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, st
     target = _target(node, key)
     name = node["containers"][api_role(node)]
     try:
-        proc = ssh.run(target, commands.inspect_script(name, check),
+        proc = ssh.run(target, liveness_commands.inspect_script(name, check),
                        stdin=commands.script_text("vllm_liveness.py"),
-                       timeout=commands.liveness_timeout(check) + 2 * ssh.CONNECT_TIMEOUT_S)
+                       timeout=liveness_commands.liveness_timeout(check) + 2 * ssh.CONNECT_TIMEOUT_S)
     except ssh.NodeUnreachableError as err:
         return "unknown", str(err)
     lines = proc.stdout.strip().splitlines()
@@ -291,7 +291,7 @@ def liveness_check(outputs: dict[str, Any]) -> list[str]:
     if serving.get("check"):
         return [str(v) for v in serving["check"]]
     port = outputs["endpoint"].rsplit(":", 1)[-1].split("/", 1)[0]
-    return commands.liveness_args(["127.0.0.1", port, outputs["servedModelName"]])
+    return liveness_commands.liveness_args(["127.0.0.1", port, outputs["servedModelName"]])
 
 
 def collect(stack: Any) -> Report:

@@ -14,6 +14,13 @@ from importlib import resources
 
 from ..spec import ClusterSpec, NodeSpec
 from .cache_commands import CACHE_ENV_DIRS, CACHE_MOUNT, cache_lines
+from .start_clocks import (
+    EXECUTE_MODEL_TIMEOUT_ENV,
+    SMOKE_MARGIN_S,
+    execute_model_timeout,
+    phase_lines,
+    smoke_timeout,
+)
 
 # the package that holds scripts/ (this module is in its render/)
 _COMPONENTS = __name__.rsplit(".", 2)[0]
@@ -36,64 +43,6 @@ VLLM_POLL_INTERVAL_S = 0.1
 VLLM_CHECK_EVERY = 5
 # Progress line cadence during long waits (model loads take minutes on a Spark).
 PROGRESS_EVERY_S = 10
-
-# vLLM's own per-step limit: its multiproc executor waits this long for each rank's reply to
-# execute_model and sample_tokens, then fails the engine (vLLM 0.26.0 vllm/envs.py
-# VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS, default 300; vllm/v1/executor/multiproc_executor.py
-# execute_model). An operator's env value is read instead (spec.py checks it is a number).
-VLLM_EXECUTE_MODEL_TIMEOUT_S = 300
-EXECUTE_MODEL_TIMEOUT_ENV = "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"
-# The smoke request's bound over that limit: its first step (prefill, kernels compiled on
-# first use) may take the whole per-step limit before vLLM itself gives up; the 15 decode
-# steps after it and the HTTP round trip take well under a second on a warm engine, and the
-# margin leaves them a minute more for kernels of their own shapes.
-SMOKE_MARGIN_S = 60
-
-# The start's bound grows with what the node must do (start_bound_lines), over vllmTimeout:
-# reading the weights into memory (per node, at a rate a Spark reaching its memory limit
-# still holds: its NVMe reads GB/s, page-cache reclaim under pressure far less) and, with a
-# cold compile cache, vLLM's torch.compile, Triton autotuning and CUDA graph capture from
-# nothing (vLLM 0.26.0 on one H200, tiny model: 16 s cold against 1 s warm for the compile
-# alone; a 122B MoE on a GB10 compiles for minutes: an allowance, not a measurement).
-LOAD_RATE_MIB_S = 100
-COLD_COMPILE_S = 900
-# vLLM's wait for its engine cores in a layout with more than one API server or the Rust
-# front end (vLLM 0.26.0 vllm/envs.py VLLM_ENGINE_READY_TIMEOUT_S, default 600;
-# vllm/v1/engine/core_client.py MPClient: the API servers start while the engines load and
-# each waits this long for their ready message; vllm/v1/utils.py passes it to the Rust front
-# end as engine_ready_timeout_secs). With one API server vLLM waits for the engines before
-# it starts it (launch_core_engines), so the variable changes nothing there. The API
-# server's container always gets the program's start bound (exported by the start script,
-# passed by name to docker): no layout's own clock ends a load the program still waits for.
-ENGINE_READY_ENV = "VLLM_ENGINE_READY_TIMEOUT_S"
-
-# What vLLM 0.26.0 logs as a start goes (the first match of the last such line in its log
-# names the phase a timed-out start was in). Sources, vLLM 0.26.0: gpu_model_runner.py
-# load_model ("Starting to load model", "Model loading took"), model_loader/weight_utils.py
-# ("Loading safetensors checkpoint shards"), default_loader.py ("Loading weights took"),
-# compilation/backends.py ("Dynamo bytecode transform time", "Compiling a graph for compile
-# range", "Directly load the compiled graph"), compilation/monitor.py ("torch.compile took",
-# "Initial profiling/warmup run took"), gpu_worker.py ("Available KV cache memory"),
-# gpu_model_runner.py ("Profiling CUDA graph memory", "Capturing CUDA graphs", "Graph
-# capturing finished"), v1/engine/core.py ("init engine (profile, create kv cache, warmup
-# model) took"); recorded in tests/fixtures/real-vllm/.
-VLLM_PHASES = (
-    ("init engine (profile, create kv cache, warmup model) took",
-     "starting its API server (the engine is up)"),
-    ("Graph capturing finished", "finishing the engine's start (CUDA graphs captured)"),
-    ("Capturing CUDA graphs", "capturing CUDA graphs"),
-    ("Profiling CUDA graph memory", "capturing CUDA graphs"),
-    ("Available KV cache memory", "allocating the KV cache"),
-    ("Initial profiling/warmup run took", "profiling memory (compiled)"),
-    ("torch.compile took", "profiling memory (compiled)"),
-    ("Compiling a graph for compile range", "compiling (torch.compile)"),
-    ("Directly load the compiled graph", "compiling (torch.compile, from the cache)"),
-    ("Dynamo bytecode transform time", "compiling (torch.compile)"),
-    ("Model loading took", "compiling or profiling (the weights are loaded)"),
-    ("Loading weights took", "compiling or profiling (the weights are loaded)"),
-    ("Loading safetensors checkpoint shards", "loading the weights"),
-    ("Starting to load model", "loading the weights"),
-)
 
 # The head counts as started once its GCS listens on rayPort: workers need nothing more to
 # join, and the head's own raylet registers while they start (the gate then checks every node,
@@ -144,8 +93,6 @@ _VLLM_ENTRY_SH = ('export PYTHONPATH="$VLLM_CONFIG_ROOT${PYTHONPATH:+:$PYTHONPAT
                   '&& exec vllm "$@"')
 
 
-
-
 def container_name(spec: ClusterSpec, role: str) -> str:
     """Fixed per stack and role (invariant 4): a rerun finds and replaces its own leftovers."""
     return f"{LABEL}-{spec.stack}-{role}"
@@ -153,19 +100,6 @@ def container_name(spec: ClusterSpec, role: str) -> str:
 
 def env_file_name(role: str) -> str:
     return f"{role}.env"
-
-
-def execute_model_timeout(spec: ClusterSpec) -> int:
-    """vLLM's per-step limit as the containers get it: the operator's env value, else 0.26.0's
-    default."""
-    raw = spec.user_env.get(EXECUTE_MODEL_TIMEOUT_ENV)
-    return int(raw) if raw else VLLM_EXECUTE_MODEL_TIMEOUT_S
-
-
-def smoke_timeout(spec: ClusterSpec) -> int:
-    """The smoke request's bound: vLLM's per-step limit and a margin, so that a first request
-    slowed by kernels compiled on first use keeps the vLLM it took minutes to load."""
-    return execute_model_timeout(spec) + SMOKE_MARGIN_S
 
 
 def node_env(spec: ClusterSpec, node: NodeSpec) -> dict[str, str]:
@@ -208,81 +142,11 @@ def secret_env_file(role: str, hf_token: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-# The API key lives in a file of its own on the API server's node, in a directory of the
-# stack's state dir that the API server's container mounts read-only (a directory, not the
-# file: a file's bind mount keeps the inode it was made with, and the key is replaced by a
-# rename). The middleware (scripts/spark_vllm_auth.py) reads the file named by KEY_FILE_ENV and
-# reads it again when it changes, so a rotation is written in place and restarts nothing; vLLM
-# never gets VLLM_API_KEY (its own check would keep the key it started with).
-API_KEY_DIR = "api-key"
-API_KEY_FILE = "key"
-KEY_MOUNT = "/spark-vllm-key"
-KEY_FILE_ENV = "SPARK_VLLM_API_KEY_FILE"
-
-
-def api_key_dir(spec: ClusterSpec) -> str:
-    """The key's directory on the node, as the container's argv names it: `~/` is the SSH
-    user's home (expanded by the node's shell: sh_join)."""
-    return f"~/.spark-vllm/{spec.stack}/{API_KEY_DIR}"
-
-
-def api_key_args(spec: ClusterSpec) -> list[str]:
-    """`docker run` options of the API server's container when apiKey is set: the key's
-    directory, read-only, and where the middleware finds the key in it."""
-    if "apiKey" not in spec.secrets_set:
-        return []
-    return ["--volume", f"{api_key_dir(spec)}:{KEY_MOUNT}:ro",
-            "--env", f"{KEY_FILE_ENV}={KEY_MOUNT}/{API_KEY_FILE}"]
-
-
 def sh_join(argv: Sequence[str]) -> str:
     """shlex.join, except that a word starting with `~/` keeps its tilde unquoted, so the
     node's shell expands it to the SSH user's home (docker needs an absolute bind source)."""
     return " ".join("~/" + shlex.quote(w[2:]) if w.startswith("~/") else shlex.quote(w)
                     for w in argv)
-
-
-def api_key_text(api_key: str) -> str:
-    """The key file's content (stdin of api_key_script). Only called inside `Output.apply`."""
-    if not api_key or any(ord(c) < 32 or ord(c) == 127 for c in api_key):
-        raise ValueError("apiKey must be one line of printable characters")
-    return api_key
-
-
-def api_key_script(spec: ClusterSpec, node: NodeSpec) -> str:
-    """`create` and `update` of the API key's command: stdin (the key) into the key file,
-    atomically (a file of the same directory, 0600, renamed over the old one), so the
-    middleware reads the old key or the new one, never a part. No container is touched."""
-    d = f'{STATE_DIR_SH}"$stack"/{API_KEY_DIR}'
-    return "\n".join([
-        *prelude(spec, node, "API key"),
-        f"stack={shlex.quote(spec.stack)}",
-        f"umask 077; mkdir -p {d}; cd {d}",
-        "trap 'rm -f .key.new' EXIT",
-        "cat > .key.new",
-        '[ -s .key.new ] || { log "FAILED: no key on stdin"; exit 1; }',
-        f"mv -f .key.new {API_KEY_FILE}",
-        f'log "API key written to ~/.spark-vllm/$stack/{API_KEY_DIR}/{API_KEY_FILE} (0600): '
-        'the API server reads it at its next request"',
-    ]) + "\n"
-
-
-def api_key_remove_script(spec: ClusterSpec, node: NodeSpec) -> str:
-    """`delete` of the API key's command: the file and its directory; idempotent. Kept while
-    a container of the stack still mounts it: a backend switch or a renamed head creates the
-    new key command (and container) before the engine deletes the old command, at the end."""
-    return "\n".join([
-        *prelude(spec, node, "remove API key"),
-        f"stack={shlex.quote(spec.stack)}",
-        f'if [ -n "$(docker ps -aq --filter label={LABEL}.stack="$stack" '
-        f'--filter volume={KEY_MOUNT} 2>/dev/null)" ]; then',
-        '  log "kept: a container of this stack still reads it"; exit 0',
-        "fi",
-        f'rm -f {STATE_DIR_SH}"$stack"/{API_KEY_DIR}/{API_KEY_FILE} '
-        f'{STATE_DIR_SH}"$stack"/{API_KEY_DIR}/.key.new',
-        f'rmdir {STATE_DIR_SH}"$stack"/{API_KEY_DIR} 2>/dev/null || true',
-        f'rmdir {STATE_DIR_SH}"$stack" 2>/dev/null || true',
-    ]) + "\n"
 
 
 def docker_run_argv(
@@ -449,63 +313,6 @@ def probe_target(spec: ClusterSpec) -> list[str]:
     return [host, str(spec.port), spec.served_name]
 
 
-# The refresh-time read of vLLM (scripts/vllm_liveness.py, on stdin): /health, then a canary of
-# one streamed token; no first token within canaryTimeout while vLLM's token counter stands
-# still for wedgeWindow is *wedged* (replaced by `pulumi up --refresh`); the counter moving
-# is *busy* and counts as running: a refresh must never reload 120 GB of weights because a
-# queue was long. Only a completion proves vLLM serves (vllm#53157).
-LIVENESS_MARGIN_S = 15  # docker exec and the script's own start, over the window
-
-
-def liveness_target(spec: ClusterSpec) -> list[str]:
-    """HOST PORT SERVED_NAME CANARY_S WINDOW_S of vllm_liveness.py."""
-    return [*probe_target(spec), str(spec.canary_timeout), str(spec.wedge_window)]
-
-
-def liveness_args(serving: list[str]) -> list[str]:
-    """`serving` as the liveness read needs it: a state written before the canary existed
-    holds HOST PORT NAME only, and gets the default bounds."""
-    return [*serving[:3], *(serving[3:5] or ["30", "60"])]
-
-
-def liveness_timeout(serving: list[str]) -> float:
-    """The whole read, docker exec included: the window and a margin."""
-    return float(liveness_args(serving)[4]) + LIVENESS_MARGIN_S
-
-
-def inspect_script(container: str, serving: list[str] | None) -> str:
-    """Prints the container's state in one line; exit 3 when docker itself does not answer.
-    With `serving` (liveness_target), a running vLLM container is asked how it serves, and
-    what it saw goes to stderr."""
-    q = shlex.quote(container)
-    lines = [
-        "PATH=\"$PATH:/usr/sbin:/sbin\"",
-        f"if ! out=$(docker inspect --format '{{{{.State.Status}}}} {{{{.State.ExitCode}}}}' {q} 2>&1); then",
-        '  case "$out" in *"No such"*) echo gone; exit 0 ;; esac',
-        '  echo "docker: $out" >&2; exit 3',
-        "fi",
-        'set -- $out',
-        'if [ "$1" != running ]; then echo "$1 ($2)"; exit 0; fi',
-    ]
-    if serving:
-        # scripts/vllm_liveness.py on stdin, run inside the container with its own API key
-        check = shlex.join(["python3", "-", *liveness_args(serving)])
-        limit = int(liveness_timeout(serving))
-        lines += [
-            f"if state=$(timeout {limit} docker exec -i {q} {check}); then",
-            '  echo "$state" | tail -n 1',
-            "else",
-            # the check could not tell (docker exec hung, or the script failed): not a reason
-            # to replace a model that may be loading or busy
-            f'  echo "unknown: the liveness check ended with $? within {limit} s" >&2',
-            "  echo running",
-            "fi",
-        ]
-    else:
-        lines.append("echo running")
-    return "\n".join(lines) + "\n"
-
-
 def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], *,
                  serves: bool = False, before_run: Sequence[str] = (), cache: bool = False,
                  before_start: Sequence[str] = (), ready: Sequence[str] = ()) -> str:
@@ -579,68 +386,6 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
         'log "ready: $name ${cid%"${cid#????????????}"}"', 'echo "$cid"',
     ]
     return "\n".join(lines) + "\n"
-
-
-def start_bound_lines(spec: ClusterSpec) -> list[str]:
-    """Before the API server's container starts, on its node: the bound of this start, in
-    $bound (why in $why), from what the node must do: vllmTimeout, plus the weights' read
-    (the model's size in hfCache over the nodes, at LOAD_RATE_MIB_S), plus COLD_COMPILE_S when
-    the node's compile cache holds no compiled graph (or compileCache is none). Exported as
-    VLLM_ENGINE_READY_TIMEOUT_S, which the container takes by name.
-
-    The weights are the served revision's snapshot (huggingface_hub's refs/<revision> names its
-    commit; a commit given as modelRevision is its own): an hfCache that also holds an older
-    revision of the model does not count it. With no such snapshot, every snapshot counts (a
-    longer bound, never a shorter one)."""
-    lines = [f"bound={spec.vllm_timeout}; why='vllmTimeout {spec.vllm_timeout} s'"]
-    org_name = spec.model.split("/")
-    if len(org_name) == 2 and not spec.model.startswith(("/", ".")):
-        repo = f"{spec.hf_cache.rstrip('/')}/hub/models--{org_name[0]}--{org_name[1]}"
-        rev = shlex.quote(spec.model_revision or "main")
-        nodes = len(spec.nodes)
-        per = f" over {nodes} nodes" if nodes > 1 else ""
-        lines += [
-            f"repo={shlex.quote(repo)}",
-            f'snap="$repo/snapshots/$(cat "$repo/refs/"{rev} 2>/dev/null || echo {rev})"',
-            '[ -d "$snap" ] || snap="$repo/snapshots"',
-            'kib=$(du -sLk "$snap" 2>/dev/null | cut -f1); kib=${kib:-0}',
-            f"w=$((kib / 1024 / {LOAD_RATE_MIB_S} / {nodes}))",
-            'if [ "$w" -gt 0 ]; then bound=$((bound + w)); '
-            f'why="$why + $w s to read $((kib / 1048576)).$((kib * 10 / 1048576 % 10)) GiB of '
-            f'weights{per} at '
-            f'{LOAD_RATE_MIB_S} MiB/s"; fi',
-        ]
-    cold = f"{COLD_COMPILE_S} s for a cold compile cache"
-    if spec.compile_cache_dir:
-        lines += [
-            f"if [ \"$(find {shlex.quote(spec.compile_cache_dir)} -path '*/torch_compile_cache/*' "
-            "-name 'rank_*' 2>/dev/null | wc -l)\" -eq 0 ]; then "
-            f'bound=$((bound + {COLD_COMPILE_S})); why="$why + {cold}"; fi',
-        ]
-    else:
-        lines.append(f'bound=$((bound + {COLD_COMPILE_S})); why="$why + {cold} (compileCache: '
-                     'none)"')
-    smoke = (f"; of its smoke request: {smoke_timeout(spec)} s ({EXECUTE_MODEL_TIMEOUT_ENV} "
-             f"{execute_model_timeout(spec)} s + {SMOKE_MARGIN_S} s)" if spec.smoke_test else "")
-    return [*lines, f'log "bound of this start: $bound s ($why){smoke}"',
-            f"export {ENGINE_READY_ENV}=$bound"]
-
-
-def phase_lines() -> list[str]:
-    """`phase`: the phase vLLM's log shows it in (VLLM_PHASES), and its last such line."""
-    pattern = "|".join(marker.replace("(", "\\(").replace(")", "\\)").replace(".", "\\.")
-                       for marker, _ in VLLM_PHASES)
-    cases = " ".join(f'*{shlex.quote(marker)}*) p={shlex.quote(what)} ;;'
-                     for marker, what in VLLM_PHASES)
-    return [
-        "phase() {",
-        f'  l=$(docker logs "$name" 2>&1 | tr "\\r" "\\n" | grep -E "{pattern}" | tail -n 1)',
-        '  p="starting (nothing loaded yet: Python modules, the engine config, the ranks joining)"',
-        f'  case "$l" in {cases} esac',
-        '  [ -z "$l" ] || l=" (its last step: $(echo "${l#*] }" | cut -c1-160))"',
-        '  echo "vLLM was $p$l"',
-        "}",
-    ]
 
 
 def serve_ready_lines(spec: ClusterSpec, checks: Sequence[str]) -> list[str]:

@@ -7,7 +7,7 @@ argv: HOST PORT SERVED_NAME MODE [SECONDS [smoke [SMOKE_SECONDS]]]. MODE "ready"
 generation is dead (vllm#53157). Exit 0 when ready (and answered), 1 when not ready in time, 2
 when the smoke request failed, 3 when it got no answer within SMOKE_SECONDS (default 360:
 vLLM 0.26.0's own per-step limit, VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS 300 s, and a minute; the
-program passes the bound it derives, commands.smoke_timeout: a first request slowed by kernels
+program passes the bound it derives, start_clocks.smoke_timeout: a first request slowed by kernels
 compiled on first use is slow, not dead). MODE "smoke": the chat completion alone.
 The API key comes from the key file the container's env names (SPARK_VLLM_API_KEY_FILE; or
 VLLM_API_KEY), never from argv.

@@ -34,13 +34,13 @@ sys.path.insert(0, str(REPO))
 from lab.cpu_tier.nodes import Nodes  # noqa: E402
 from lab.gpu import runner as gpu  # noqa: E402
 from spark_vllm.components import spec as specmod  # noqa: E402
-from spark_vllm.components.render import commands  # noqa: E402
+from spark_vllm.components.render import api_key_commands, commands, liveness_commands  # noqa: E402
 from spark_vllm.components.render.backends import native as native_backend  # noqa: E402
 from spark_vllm.components.render.backends import ray as ray_backend  # noqa: E402
 
 # the GPU tier's keys, and where the API-key middleware reads the key (only the API server's
-# container has it: commands.api_key_args)
-ENV_KEYS = (*gpu.ENV_KEYS, commands.KEY_FILE_ENV)
+# container has it: api_key_commands.api_key_args)
+ENV_KEYS = (*gpu.ENV_KEYS, api_key_commands.KEY_FILE_ENV)
 
 IMAGE = "spark-vllm-cpu-tier:local"  # recorded only: the venv is the image
 MODEL = "spark-vllm/tiny-dense"
@@ -133,8 +133,8 @@ class CpuTier(gpu.Tier):
 
     def liveness(self, spec: specmod.ClusterSpec) -> dict:
         """The refresh-time read of the API server's container, as liveness.observe runs it."""
-        r = self.sh(commands.inspect_script(self.api_container(spec),
-                                            commands.liveness_target(spec)),
+        r = self.sh(liveness_commands.inspect_script(self.api_container(spec),
+                                            liveness_commands.liveness_target(spec)),
                     commands.script_text("vllm_liveness.py"), timeout=120)
         r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
         r["seen"] = [ln[1] for ln in r["stderr"]
@@ -352,7 +352,7 @@ class CpuTier(gpu.Tier):
             commands.secret_env_file(commands.RANK, gpu.HF_TOKEN), node="n1",
             timeout=s.join_timeout + 60))
         self.record("native_api_key", lambda: self.sh(
-            commands.api_key_script(s, s.head), commands.api_key_text(gpu.API_KEY), timeout=60))
+            api_key_commands.api_key_script(s, s.head), api_key_commands.api_key_text(gpu.API_KEY), timeout=60))
         self.record("native_serve", lambda: {
             **self.sh(native_backend.leader_start_script(s),
                       commands.vllm_stdin(gpu.HF_TOKEN),
@@ -394,7 +394,7 @@ class CpuTier(gpu.Tier):
 
         out: dict[str, Any] = {"started_before": started(), "before": statuses()}
         for step, key in (("rotated", ROTATED), ("back", gpu.API_KEY)):
-            w = self.sh(commands.api_key_script(s, s.head), commands.api_key_text(key),
+            w = self.sh(api_key_commands.api_key_script(s, s.head), api_key_commands.api_key_text(key),
                         timeout=60)
             out[step] = {"write_rc": w["rc"], **statuses()}
         out["started_after"] = started()

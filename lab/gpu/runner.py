@@ -39,7 +39,12 @@ sys.path.insert(0, str(REPO))
 
 from spark_vllm.components import memory_estimate, node_memory  # noqa: E402
 from spark_vllm.components import spec as specmod  # noqa: E402
-from spark_vllm.components.render import commands, staging_commands  # noqa: E402
+from spark_vllm.components.render import (  # noqa: E402
+    api_key_commands,
+    commands,
+    liveness_commands,
+    staging_commands,
+)
 from spark_vllm.components.render.backends import ray as ray_backend  # noqa: E402
 
 IMAGE = "spark-vllm-gpu-tier:local"  # recorded only: the machine is the image (docker_shim)
@@ -218,7 +223,7 @@ class Tier:
     def api_key_up(self, spec: specmod.ClusterSpec) -> dict:
         """The API key's file, as the program's api-key command writes it (the middleware
         reads it; vLLM gets no VLLM_API_KEY)."""
-        return self.sh(commands.api_key_script(spec, spec.head), commands.api_key_text(API_KEY))
+        return self.sh(api_key_commands.api_key_script(spec, spec.head), api_key_commands.api_key_text(API_KEY))
 
     def vllm_up(self, spec: specmod.ClusterSpec, extra_env: dict | None = None) -> dict:
         key = self.api_key_up(spec)
@@ -230,8 +235,8 @@ class Tier:
     def liveness(self, spec: specmod.ClusterSpec) -> dict:
         """The refresh-time read, as liveness.observe runs it: its state line, and what it saw
         (the script's stderr: serving / busy / unknown)."""
-        r = self.sh(commands.inspect_script(commands.container_name(spec, commands.VLLM),
-                                            commands.liveness_target(spec)),
+        r = self.sh(liveness_commands.inspect_script(commands.container_name(spec, commands.VLLM),
+                                            liveness_commands.liveness_target(spec)),
                     commands.script_text("vllm_liveness.py"))
         r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
         r["seen"] = [ln[1] for ln in r["stderr"] if ln[1].startswith(("serving:", "busy:", "unknown:"))]

@@ -133,7 +133,7 @@ def test_each_rank_sees_its_own_nodes_fabric(run: dict, backend: str) -> None:
             assert p["env"]["VLLM_HOST_IP"] == ip, (node, p)
             assert p["env"]["VLLM_API_KEY"] is None, (node, p)  # vLLM gets no key to read
     # the API key is the API server's: its file is named on the head only, to no rank on the
-    # other node (commands.api_key_args)
+    # other node (api_key_commands.api_key_args)
     assert {p["env"]["SPARK_VLLM_API_KEY_FILE"] for p in by_node["n0"]} >= {
         "/spark-vllm-key/key"}, by_node["n0"]
     assert all(p["env"]["SPARK_VLLM_API_KEY_FILE"] is None for p in by_node["n1"]), by_node["n1"]

@@ -309,7 +309,7 @@ def test_5b_a_cold_start_past_vllm_timeout_and_a_slow_first_request_serve(lab2: 
     request of 5 s against a per-step limit of 10 s (the old fixed bound, 120 s of vLLM's 300,
     is 4 s here; the smoke bound is 10 + 60 s), on nodes whose load fills their memory
     (vllm-sim's memory monitor kills a rank there unless its raylet's env turns it off)."""
-    from spark_vllm.components.render.commands import COLD_COMPILE_S
+    from spark_vllm.components.render.start_clocks import COLD_COMPILE_S
     for node in NODES:  # as an image change does: the node's compile cache is cleared
         node_sh(node, f"rm -rf /root/.cache/spark-vllm-compile/{STACK}/vllm/torch_compile_cache")
     lab2.set("vllmTimeout", 10)

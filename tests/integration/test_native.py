@@ -321,7 +321,7 @@ def test_6_switching_to_ray_stops_the_native_ranks_before_ray_starts(lab2n: Lab)
     assert {"vllm-leader", "vllm-rank-node-2"} <= {n for op, n in run.ops("done")
                                                    if op == "delete"}
     # the native key command's delete ran after Ray's vLLM started, and kept the key's file
-    # that vLLM mounts (commands.api_key_remove_script): the same file, the same key
+    # that vLLM mounts (api_key_commands.api_key_remove_script): the same file, the same key
     assert ("delete", "vllm-api-key") in run.ops("done")
     node_sh("node-1", f"test -s ~/.spark-vllm/{STACK}/api-key/key")
 

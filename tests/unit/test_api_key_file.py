@@ -1,4 +1,4 @@
-"""The API key's own file on the API server's node (commands.api_key_script and
+"""The API key's own file on the API server's node (api_key_commands.api_key_script and
 api_key_remove_script, run by node.py api_key_command): written atomically, 0600, in a 0700
 directory of the stack's state dir that only the API server's container mounts (read-only), so
 a rotation is written in place and restarts nothing; removed with the last container that
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from spark_vllm.components.render import api_key_commands
 from spark_vllm.components.render import commands as c
 from spark_vllm.components.render.backends import native, ray
 from tests.unit.harness import lab_nodes, spec_from
@@ -40,9 +41,9 @@ def run(script: str, home: Path, stdin: str = "") -> subprocess.CompletedProcess
 
 def test_the_key_is_written_atomically_0600_and_rewritten_in_place(tmp_path: Path) -> None:
     spec = spec_from(lab_nodes(2), stack="duo")
-    script = c.api_key_script(spec, spec.head)
+    script = api_key_commands.api_key_script(spec, spec.head)
     assert "sk-" not in script  # the key is never in the script: stdin only
-    first = run(script, tmp_path, c.api_key_text("sk-first-1"))
+    first = run(script, tmp_path, api_key_commands.api_key_text("sk-first-1"))
     assert first.returncode == 0, first.stderr
     d = tmp_path / ".spark-vllm" / "duo" / "api-key"
     key = d / "key"
@@ -52,7 +53,7 @@ def test_the_key_is_written_atomically_0600_and_rewritten_in_place(tmp_path: Pat
     assert sorted(p.name for p in d.iterdir()) == ["key"]  # no temporary file left
     assert "sk-first-1" not in first.stderr + first.stdout
     inode = key.stat().st_ino
-    again = run(script, tmp_path, c.api_key_text("sk-second-2"))
+    again = run(script, tmp_path, api_key_commands.api_key_text("sk-second-2"))
     assert again.returncode == 0, again.stderr
     # a new file renamed over the old one: a reader sees either key whole, never a part
     assert key.read_text() == "sk-second-2" and key.stat().st_ino != inode
@@ -61,8 +62,8 @@ def test_the_key_is_written_atomically_0600_and_rewritten_in_place(tmp_path: Pat
 
 def test_no_key_on_stdin_fails_and_keeps_the_old_key(tmp_path: Path) -> None:
     spec = spec_from(lab_nodes(2), stack="duo")
-    assert run(c.api_key_script(spec, spec.head), tmp_path, "sk-kept").returncode == 0
-    failed = run(c.api_key_script(spec, spec.head), tmp_path, "")
+    assert run(api_key_commands.api_key_script(spec, spec.head), tmp_path, "sk-kept").returncode == 0
+    failed = run(api_key_commands.api_key_script(spec, spec.head), tmp_path, "")
     assert failed.returncode == 1 and "no key on stdin" in failed.stderr
     d = tmp_path / ".spark-vllm" / "duo" / "api-key"
     assert sorted(p.name for p in d.iterdir()) == ["key"]
@@ -72,13 +73,13 @@ def test_no_key_on_stdin_fails_and_keeps_the_old_key(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad", ["", "two\nlines", "nul\0inside", "cr\r"])
 def test_a_key_that_is_not_one_printable_line_is_refused(bad: str) -> None:
     with pytest.raises(ValueError, match="apiKey"):
-        c.api_key_text(bad)
+        api_key_commands.api_key_text(bad)
 
 
 def test_removed_with_the_last_container_that_mounts_it(tmp_path: Path) -> None:
     spec = spec_from(lab_nodes(2), stack="duo")
-    assert run(c.api_key_script(spec, spec.head), tmp_path, "sk-x").returncode == 0
-    remove = c.api_key_remove_script(spec, spec.head)
+    assert run(api_key_commands.api_key_script(spec, spec.head), tmp_path, "sk-x").returncode == 0
+    remove = api_key_commands.api_key_remove_script(spec, spec.head)
     (tmp_path / "mounted").touch()  # a container of the stack still mounts it (a switch)
     kept = run(remove, tmp_path)
     assert kept.returncode == 0 and "kept" in kept.stderr

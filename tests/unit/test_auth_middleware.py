@@ -89,7 +89,7 @@ def test_without_a_key_nothing_is_guarded(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def write_key(path: Path, key: str) -> None:
-    """As the key's command writes it (commands.api_key_script): a new file, renamed over."""
+    """As the key's command writes it (api_key_commands.api_key_script): a new file, renamed over."""
     tmp = path.with_name(".key.new")
     tmp.write_text(key)
     os.chmod(tmp, 0o600)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spark_vllm.components.render import commands as c
+from spark_vllm.components.render import start_clocks
 from spark_vllm.components.render.backends import native
 from spark_vllm.components.render.backends import ray as ray_backend
 from spark_vllm.components.spec import SpecError
@@ -103,7 +104,7 @@ def test_docker_passes_the_exported_bound_into_the_container(tmp_path: Path) -> 
         "cid=$(docker run", 'echo "$VLLM_ENGINE_READY_TIMEOUT_S" > "$FAKE/exported"; '
         "cid=$(docker run")
     run_with_fake_docker(script, tmp=tmp_path, stdin=c.vllm_stdin(None))
-    assert (tmp_path / "exported").read_text().strip() == str(1800 + c.COLD_COMPILE_S)
+    assert (tmp_path / "exported").read_text().strip() == str(1800 + start_clocks.COLD_COMPILE_S)
 
 
 # --- the start's bound and the phase it names ---------------------------------------------------
@@ -153,9 +154,9 @@ def test_the_bound_grows_with_the_weights_and_a_cold_compile_cache(tmp_path: Pat
     (tmp_path / "warm").mkdir()
     out = run_with_fake_docker(ray_backend.vllm_start_script(spec), tmp=tmp_path / "cold",
                                stdin=c.vllm_stdin(None))
-    assert out["exec"][-4:-2] == ["wait", str(100 + 2 + c.COLD_COMPILE_S)]
-    assert (f"bound of this start: {100 + 2 + c.COLD_COMPILE_S} s (vllmTimeout 100 s + 2 s to read "
-            f"0.2 GiB of weights at 100 MiB/s + {c.COLD_COMPILE_S} s for a cold compile cache)"
+    assert out["exec"][-4:-2] == ["wait", str(100 + 2 + start_clocks.COLD_COMPILE_S)]
+    assert (f"bound of this start: {100 + 2 + start_clocks.COLD_COMPILE_S} s (vllmTimeout 100 s + 2 s to read "
+            f"0.2 GiB of weights at 100 MiB/s + {start_clocks.COLD_COMPILE_S} s for a cold compile cache)"
             in out["_stderr"][0])
     # warm: the node's cache holds a compiled rank; the weights' read stays
     (cc / "one" / "vllm" / "torch_compile_cache" / "h1" / "rank_0_0").mkdir(parents=True)
@@ -166,7 +167,7 @@ def test_the_bound_grows_with_the_weights_and_a_cold_compile_cache(tmp_path: Pat
     # compileCache none: every start compiles from nothing
     off = spec_from(nodes, stack="one", image="img:1", model="/models/q", tensorParallelSize=1,
                     modelStaging="none", compileCache="none", vllmTimeout=100)
-    assert (f"bound=$((bound + {c.COLD_COMPILE_S})); why=\"$why + {c.COLD_COMPILE_S} s for a cold "
+    assert (f"bound=$((bound + {start_clocks.COLD_COMPILE_S})); why=\"$why + {start_clocks.COLD_COMPILE_S} s for a cold "
             "compile cache (compileCache: none)\"") in ray_backend.vllm_start_script(off)
     assert "du -sLk" not in ray_backend.vllm_start_script(off)  # a path: not in hfCache
 
@@ -214,8 +215,8 @@ def test_a_start_that_does_not_serve_names_the_phase_vllm_was_in(
                                stdin=c.vllm_stdin(None))
     err = out["_stderr"][0]
     assert out["_rc"] == ["1"]
-    assert (f"FAILED: vLLM did not serve within {100 + c.COLD_COMPILE_S} s (vllmTimeout 100 s + "
-            f"{c.COLD_COMPILE_S} s for a cold compile cache): vLLM was {phase}") in err, err
+    assert (f"FAILED: vLLM did not serve within {100 + start_clocks.COLD_COMPILE_S} s (vllmTimeout 100 s + "
+            f"{start_clocks.COLD_COMPILE_S} s for a cold compile cache): vLLM was {phase}") in err, err
     if last is not None and last != "Capturing CUDA graphs":
         assert f"(its last step: {last}" in err, err
 
@@ -223,8 +224,8 @@ def test_a_start_that_does_not_serve_names_the_phase_vllm_was_in(
 # --- the smoke request's bound ------------------------------------------------------------------
 
 def test_the_smoke_request_waits_vllms_own_per_step_limit_and_a_margin(tmp_path: Path) -> None:
-    assert c.smoke_timeout(duo()) == 300 + c.SMOKE_MARGIN_S > 120  # the old fixed bound
-    assert c.smoke_timeout(duo(env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "20"})) == 80
+    assert start_clocks.smoke_timeout(duo()) == 300 + start_clocks.SMOKE_MARGIN_S > 120  # the old fixed bound
+    assert start_clocks.smoke_timeout(duo(env={"VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "20"})) == 80
     (tmp_path / "exec-rc").write_text("3")  # the probe: serving, no answer within the bound
     out = run_with_fake_docker(ray_backend.vllm_start_script(duo()), tmp=tmp_path, check=False,
                                stdin=c.vllm_stdin(None))
@@ -260,7 +261,7 @@ def test_the_probe_keeps_a_slow_first_answer_within_its_bound(tmp_path: Path) ->
         probe = c.script_text("vllm_probe.py")
         port = str(server.server_address[1])
         done = subprocess.run(["python3", "-", "127.0.0.1", port, "q", "smoke",
-                               str(c.smoke_timeout(spec))], input=probe, capture_output=True,
+                               str(start_clocks.smoke_timeout(spec))], input=probe, capture_output=True,
                               text=True, timeout=30)
         assert done.returncode == 0 and "smoke request answered: 'late'" in done.stdout, done
         old = subprocess.run(["python3", "-", "127.0.0.1", port, "q", "smoke", str(0.4 * limit)],

@@ -20,7 +20,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spark_vllm.components.render import cache_commands, preflight_commands
+from spark_vllm.components.render import cache_commands, preflight_commands, start_clocks
 from spark_vllm.components.render import commands as c
 from spark_vllm.components.render.backends import ray as ray_backend
 from tests.unit.harness import fake_rsync, lab_nodes, spec_from
@@ -458,8 +458,8 @@ def test_start_vllm_splits_its_stdin_into_env_file_and_probe(tmp_path: Path) -> 
         c.NON_CARRY_OVER_ENV)
     assert out["cp"][-1] == "spark-vllm-duo-ray-head:/tmp/ray/spark-vllm"
     # the start's bound: vllmTimeout and a cold compile cache (the fake node has no weights)
-    assert out["exec"][-4:] == ["wait", str(spec.vllm_timeout + c.COLD_COMPILE_S), "smoke",
-                                str(c.smoke_timeout(spec))]
+    assert out["exec"][-4:] == ["wait", str(spec.vllm_timeout + start_clocks.COLD_COMPILE_S), "smoke",
+                                str(start_clocks.smoke_timeout(spec))]
     assert "ready: spark-vllm-duo-vllm" in out["_stderr"][0]
 
 

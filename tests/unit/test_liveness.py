@@ -174,7 +174,7 @@ def test_inspect_script_says_what_docker_and_vllm_say(
 
 
 def test_a_state_written_before_the_canary_gets_the_default_bounds() -> None:
-    from spark_vllm.components.render.commands import liveness_args, liveness_timeout
+    from spark_vllm.components.render.liveness_commands import liveness_args, liveness_timeout
     assert liveness_args(["h", "8000", "m"]) == ["h", "8000", "m", "30", "60"]
     assert liveness_timeout(["h", "8000", "m", "5", "20"]) == 35
 

@@ -22,22 +22,21 @@ import ipaddress
 import shlex
 
 from ...spec import TORCH_PG_TIMEOUT_S, ClusterSpec, NodeSpec
+from ..api_key_commands import api_key_args
 from ..commands import (
     _VLLM_ENTRY_SH,
-    ENGINE_READY_ENV,
     LEADER,
     LISTENING_SH,
     RANK,
     VLLM_FILES_DIR,
     _wait_loop,
-    api_key_args,
     container_name,
     docker_run_argv,
     serve_ready_lines,
-    start_bound_lines,
     start_script,
     vllm_serve_args,
 )
+from ..start_clocks import ENGINE_READY_ENV, start_bound_lines
 
 NAME = "native"
 # where the leader's container finds the API-key middleware (docker cp before it starts; the

@@ -10,9 +10,9 @@ import json
 import shlex
 
 from ...spec import ClusterSpec, NodeSpec
+from ..api_key_commands import api_key_args
 from ..commands import (
     _VLLM_ENTRY_SH,
-    ENGINE_READY_ENV,
     HEAD,
     LISTENING_SH,
     TCP_CONNECT_PY,
@@ -21,17 +21,15 @@ from ..commands import (
     VLLM_FILES_DIR,
     WORKER,
     _wait_loop,
-    api_key_args,
     container_name,
     docker_run_argv,
-    execute_model_timeout,
     prelude,
     script_text,
     serve_ready_lines,
-    start_bound_lines,
     start_script,
     vllm_serve_args,
 )
+from ..start_clocks import ENGINE_READY_ENV, execute_model_timeout, start_bound_lines
 
 NAME = "ray"
 # vLLM's own flag for this backend (the rest of `vllm serve` is commands.vllm_serve_args)
