@@ -145,3 +145,16 @@ def test_the_gate_program_travels_in_vllms_stdin_and_into_the_head(tmp_path: Pat
     assert copied == c.script_text("ray_gate.py")
     assert (tmp_path / "copied" / "spark_vllm_auth.py").read_text() == c.script_text(
         "spark_vllm_auth.py")  # the middleware ends where it did
+
+
+def test_a_placed_group_is_said_once_and_not_asked_again(tmp_path: Path) -> None:
+    """vLLM's waiting line stays in its log while it loads for minutes: once Ray says the group
+    is placed, the command says so and stops asking (it would repeat that vLLM waits)."""
+    out = waiting(tmp_path, 0, ray_backend.PLACED + " (no pending group of these specs)",
+                  serve_after=3)
+    err = out["_stderr"][0]
+    assert out["_rc"] == ["0"], err
+    assert err.count("vLLM's Ray placement group is placed") == 1
+    assert "vLLM waits for its Ray placement group" not in err
+    assert ray_backend.PLACED in ray_gate.placement_verdict(
+        CASES["placed_after_the_actor"]["specs"], CASES["placed_after_the_actor"]["state"])[1]

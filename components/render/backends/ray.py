@@ -52,6 +52,7 @@ PG_WAITING_MARK = "Waiting for creating a placement group"
 PG_CHECK_EVERY_S = 10
 PG_CANNOT_RC = 3  # ray_gate.py placement: the group cannot be placed (other codes: cannot tell)
 PG_CHECK_S = 60  # the check's bound: a GCS read, seconds on a busy head
+PLACED = "Ray has placed the group"  # ray_gate.placement_verdict's word for it
 # A worker's `ray start` logs this 5 s into a GCS connection that has not completed, then keeps
 # retrying for minutes. The head is up by then (its command waited for it), so either the path
 # from this node to the head's identity IP is broken (the fabric, a route or a firewall) or the
@@ -231,12 +232,14 @@ def vllm_start_script(spec: ClusterSpec) -> str:
                       "python3", f"{VLLM_CONFIG_ROOT}/ray_gate.py", "placement",
                       json.dumps({"address": f"{spec.head.identity_ip}:{spec.ray_port}"})])
     pg_check = (
-        f"if has {shlex.quote(PG_WAITING_MARK)} && "
+        f"if [ -z \"${{pg_placed:-}}\" ] && has {shlex.quote(PG_WAITING_MARK)} && "
         f'[ $(( $(date +%s) - ${{pg_asked:-0}} )) -ge {PG_CHECK_EVERY_S} ]; then '
         "pg_asked=$(date +%s); "
         f"pg_line=$(printf '%s\\n' \"$logs\" | grep -F {shlex.quote(PG_WAITING_MARK)} | tail -n 1); "
         f'if said=$({ask} "$pg_line" 2>&1); then '
-        'log "vLLM waits for its Ray placement group; Ray says: $said"; '
+        # placed: the line stays in vLLM's log while it loads; asking again would say nothing
+        f'case "$said" in "{PLACED}"*) pg_placed=1; log "vLLM\'s Ray placement group is '
+        'placed";; *) log "vLLM waits for its Ray placement group; Ray says: $said";; esac; '
         f'else pg_rc=$?; if [ "$pg_rc" -eq {PG_CANNOT_RC} ]; then '
         'fail "vLLM is waiting for a Ray placement group that Ray cannot place: $said"; '
         'else log "vLLM waits for its Ray placement group; asking Ray failed (exit $pg_rc: '
