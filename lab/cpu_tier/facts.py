@@ -61,8 +61,14 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
             "Waiting for creating a placement group" in err)
         f["incident: the group pins node:<VLLM_HOST_IP>"] = sorted(set(pinned)) == [
             r.get("vllm_host_ip")]
+        # the program's words changed when its verdict moved from the waiting line to Ray's
+        # state (the committed real recording has the former): the fact is that its failure
+        # says vLLM's pin, VLLM_HOST_IP, is no Ray node's address
         f["incident: the program names the pinned IP"] = (
-            "the IP vLLM pins (VLLM_HOST_IP) is not a Ray node" in err)
+            "the IP vLLM pins (VLLM_HOST_IP) is not a Ray node" in err
+            or f"vLLM pins its placement group to node:{r.get('vllm_host_ip')} (its "
+               f"VLLM_HOST_IP, {r.get('vllm_host_ip')}) and Ray has no node with that address"
+            in err)
         f["incident: stopped before vllmTimeout"] = r["seconds"] < 120
         f["incident: the gate passes"] = gate["rc"] == 0
         f["incident: the gate names the missing fabric addresses"] = sorted(

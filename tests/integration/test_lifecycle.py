@@ -357,7 +357,7 @@ class Hold:
     def ping(self):
         return "ok"
 hold = Hold.options(scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False)).remote()
-ray.get(hold.ping.remote(), timeout=60)
+ray.get(hold.ping.remote(), timeout=120)  # once the GCS has removed the old vLLM's group
 print("held", flush=True)
 time.sleep(float(sys.argv[1]))
 """
@@ -368,7 +368,14 @@ def test_5c_a_placement_group_slow_to_place_is_waited_for(lab2: Lab) -> None:
     waits for its placement group (after 10 s, then 30 s), the vLLM command asks Ray, which says
     the group is pending on GPUs in use outside placement groups, and keeps waiting: once the
     actor ends vLLM places its group and serves, and the up succeeds."""
-    worker = next(c.name for c in containers(NODES) if c.role == "ray-worker")
+    # vLLM's own placement group holds node-2's GPU while it serves: the actor could have it
+    # only once the up removed vLLM, in a race with the new vLLM's group. So vLLM goes first,
+    # out of band (an operator's `docker rm`; the up's delete finds it gone), and the actor
+    # takes the GPU once Ray has removed the dead driver's group.
+    stack = containers(NODES)
+    vllm = next(c for c in stack if c.role == "vllm")
+    node_sh(vllm.node, f"docker rm --force {vllm.name} >/dev/null")
+    worker = next(c.name for c in stack if c.role == "ray-worker")
     holder = subprocess.Popen(cluster.ssh_argv("node-2", f"docker exec -i {worker} python3 - 60"),
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -379,7 +386,7 @@ def test_5c_a_placement_group_slow_to_place_is_waited_for(lab2: Lab) -> None:
         reader = threading.Thread(target=lambda: line.append(holder.stdout.readline()),
                                   daemon=True)
         reader.start()
-        reader.join(90)
+        reader.join(150)
         assert line and line[0].strip() == "held", line
         lab2.set("vllmArgs", ["--max-model-len", "2048"])
         t0 = time.monotonic()
