@@ -12,6 +12,8 @@ triggers).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pulumi
 
 from .node import SparkNode, node_command
@@ -23,7 +25,7 @@ class ImageCheck(pulumi.ComponentResource):
     image_id: pulumi.Output[str]
 
     def __init__(self, name: str, spec: ClusterSpec, nodes: list[SparkNode],
-                 ssh_private_key: pulumi.Input[str],
+                 ssh_private_key: pulumi.Input[str], after: Sequence[pulumi.Resource] = (),
                  opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("spark-vllm:image:ImageCheck", name, None, opts)
         self.check = node_command(
@@ -35,8 +37,11 @@ class ImageCheck(pulumi.ComponentResource):
             # preflights' outputs: a node added would show every id as unknown in a preview)
             triggers=[{"image": spec.image, "imagePull": spec.image_pull,
                        **({"imageDigest": spec.image_digest} if spec.image_digest else {}),
+                       **({"imageStaging": spec.image_staging}
+                          if spec.image_staging != "pull" else {}),
                        "nodes": [n.node.name for n in nodes]}],
-            depends_on=[n.preflight for n in nodes],
+            # after the image copies (imageStaging copy), which bring the head's image
+            depends_on=[*(n.preflight for n in nodes), *after],
         )
         self.image_id = self.check.stdout.apply(lambda s: s.strip())
         self.register_outputs({"image_id": self.image_id})

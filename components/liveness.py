@@ -31,9 +31,10 @@ from .render.liveness_commands import inspect_script, liveness_timeout
 
 RUNNING = "running"
 COMPLETE = "complete"  # a staged model: every file of its manifest there, at its size
-# The inputs that say which container or model; the rest say how to reach its node.
+PRESENT = "present"  # a copied image: the node holds the head's image id under the tag
+# The inputs that say which container, model or image; the rest say how to reach its node.
 _KEYS = ("node", "host", "port", "user", "privateKey", "hostKey", "container", "serving",
-         "hfCache", "model", "commit")
+         "hfCache", "model", "commit", "image", "imageId")
 
 
 def _target(props: dict[str, Any]) -> ssh.Target:
@@ -47,6 +48,8 @@ def observe(props: dict[str, Any]) -> str:
     say."""
     if props.get("model"):
         return observe_model(props)
+    if props.get("imageId"):
+        return observe_image(props)
     serving = props.get("serving") or None
     proc = ssh.run(_target(props), inspect_script(props["container"], serving),
                    stdin=script_text("vllm_liveness.py") if serving else "",
@@ -73,7 +76,24 @@ def observe_model(props: dict[str, Any]) -> str:
     return lines[-1]
 
 
+def observe_image(props: dict[str, Any]) -> str:
+    """A copied image on its node: "present" (the head's id under the tag), "gone" or
+    "another image: <id>" (a tag pulled or loaded over it)."""
+    tag = shlex.quote(props["image"])
+    proc = ssh.run(_target(props), f"docker image inspect --format '{{{{.Id}}}}' {tag} "
+                   "2>/dev/null || echo gone", timeout=60)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{props['node']}: cannot inspect {props['image']}: "
+                           f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+    seen = lines[-1].strip()
+    return PRESENT if seen == props["imageId"] else seen if seen == "gone" \
+        else f"another image: {seen}"
+
+
 def _expected(props: dict[str, Any]) -> str:
+    if props.get("imageId"):
+        return PRESENT
     return COMPLETE if props.get("model") else RUNNING
 
 
@@ -83,7 +103,8 @@ class _Provider(dynamic.ResourceProvider):
 
     def create(self, props: dict[str, Any]) -> dynamic.CreateResult:
         # the container does not exist yet: its command, which depends on this, starts it
-        what = props.get("container") or props.get("model", "").replace("/", "--")
+        what = (props.get("container") or props.get("model", "").replace("/", "--")
+                or props.get("image", "").replace("/", "--").replace(":", "_"))
         return dynamic.CreateResult(f"{what}@{props['node']}-{uuid.uuid4().hex[:8]}",
                                     {**props, "state": _expected(props)})
 
@@ -143,6 +164,25 @@ class ModelLiveness(dynamic.Resource):
             "node": spec.name, "host": spec.host, "port": spec.port, "user": spec.user,
             "privateKey": node.connection.private_key, "hostKey": spec.host_key or "",
             "hfCache": hf_cache, "model": model, "commit": commit, "state": COMPLETE,
+        }
+        super().__init__(_Provider(), name, props, pulumi.ResourceOptions(
+            parent=parent, additional_secret_outputs=["privateKey"]))
+
+
+class ImageLiveness(dynamic.Resource):
+    """The refresh-time view of the image copied to one node (imageStaging copy): an image
+    pruned there, or another one under its tag, is copied again by `pulumi up --refresh` (the
+    copy command's triggers hold this id); nothing that runs is restarted for it."""
+
+    state: pulumi.Output[str]
+
+    def __init__(self, name: str, *, node: Any, image: str, image_id: pulumi.Input[str],
+                 parent: pulumi.Resource) -> None:
+        spec = node.node
+        props = {
+            "node": spec.name, "host": spec.host, "port": spec.port, "user": spec.user,
+            "privateKey": node.connection.private_key, "hostKey": spec.host_key or "",
+            "image": image, "imageId": image_id, "state": PRESENT,
         }
         super().__init__(_Provider(), name, props, pulumi.ResourceOptions(
             parent=parent, additional_secret_outputs=["privateKey"]))

@@ -17,6 +17,7 @@ from pulumi.runtime import resource as sdk_resource
 from . import hostkeys, node_memory, secret_check
 from .fabric_check import FabricCheck
 from .image_check import ImageCheck
+from .image_staging import ImageStaging
 from .memory_check import MemoryCheck
 from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode, SparkNodeArgs
@@ -136,8 +137,12 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         SparkNode(n.name, SparkNodeArgs(spec=spec, node=n, ssh_private_key=secrets.ssh_private_key))
         for n in spec.nodes
     ]
-    # before any container: one image everywhere, the weights on the head
-    image = ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key).check
+    # before any container: one image everywhere (the head's copied to the others, with
+    # imageStaging copy), the weights on the head
+    image_copies = ImageStaging("image", spec, nodes, ssh_private_key=secrets.ssh_private_key) \
+        if spec.image_staging == "copy" and len(nodes) > 1 else None
+    image = ImageCheck("image", spec, nodes, ssh_private_key=secrets.ssh_private_key,
+                       after=image_copies.copies if image_copies else []).check
     before: list[pulumi.Resource] = [image]
     staging = None
     if spec.staged:
@@ -188,6 +193,11 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "containerIds": container_ids,
         # per node: docker version, image id, Ray and Python versions in the image
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
+        # the image every node runs, and what each copy moved (imageStaging copy)
+        "image": pulumi.Output.all(
+            image.stdout, image_copies.summary if image_copies else []).apply(lambda v: {
+                "name": spec.image, "id": v[0].strip().splitlines()[-1] if v[0].strip() else "",
+                "staging": spec.image_staging, **({"copies": v[1]} if image_copies else {})}),
         "rayNodes": ray_nodes,
         # how `spark-vllm status` reads vLLM (the refresh's liveness check) and what vLLM
         # needs free to start (its memory check before a repair)

@@ -69,7 +69,7 @@ class RayCluster(pulumi.ComponentResource):
         self.gate = node_command(
             f"{name}-gate", self, head_node,
             create=pulumi.Output.all(*[n.preflight_report for n in nodes]).apply(
-                lambda reports: ray.gate_script(spec, [r.strip() for r in reports])),
+                lambda reports: ray.gate_script(spec, _versions_read(reports))),
             # a newer program (an upgrade of spark-vllm) is an update: the gate runs again and
             # keeps its id, so vLLM, whose triggers hold that id, stays
             stdin=ray.gate_program(),
@@ -86,3 +86,9 @@ class RayCluster(pulumi.ComponentResource):
         self.node_table = self.gate.stdout
         self.register_outputs({"container_ids": self.container_ids,
                                "node_table": self.node_table})
+
+
+def _versions_read(reports: list[str]) -> list[str]:
+    """The preflight reports whose node read the image's versions: with imageStaging copy a
+    node that lacked the image had none to read (the copy brought the head's, the same id)."""
+    return [r.strip() for r in reports if '"image_id": ""' not in r]

@@ -225,6 +225,11 @@ class _Settings(_Strict):
 
     image: str = Field(min_length=1, pattern=r"^[^\s]+$")
     image_pull: Literal["always", "missing", "never"] = "missing"
+    # how the image reaches the nodes (image_staging.py): pull (each node pulls per imagePull),
+    # copy (the head has it, pulled per imagePull or built there, and every other node that
+    # lacks that image id gets it from the head over the fabric, only the layers it lacks), none
+    # (every node has it already: nothing is pulled or copied, the image check only)
+    image_staging: Literal["pull", "copy", "none"] = "pull"
     model: str = Field(min_length=1, pattern=r"^[^\s]+$")
     # what vLLM loads: a branch, tag or commit of the Hugging Face repo (None: main)
     model_revision: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
@@ -518,6 +523,13 @@ def _settings_problems(s: _Settings) -> list[str]:
                                          and int(value) >= NUMERIC_ENV[key]):
             out.append(f"env.{key}: {_printable(str(value))!r} is not a whole number of at "
                        f"least {NUMERIC_ENV[key]}")
+    if s.image_staging == "copy" and "@" in s.image:
+        out.append(f"image: {s.image!r} names a registry digest; imageStaging copy moves the "
+                   "image with docker save and load, which keep tags and not registry digests: "
+                   "name it by tag and pin it with imageDigest")
+    if s.image_staging == "none" and s.image_pull == "always":
+        out.append("imagePull: always pulls on every node, imageStaging: none never fetches the "
+                   "image; choose one (imageStaging: pull, or imagePull: never)")
     if s.model_staging != "none" and not _HF_REPO_RE.match(s.model):
         out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
                    f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "

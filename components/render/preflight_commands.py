@@ -44,6 +44,22 @@ def stop_other_backend(spec: ClusterSpec, roles: Sequence[str], other: str) -> s
             "fi; done")
 
 
+def _missing_image(spec: ClusterSpec, node: NodeSpec) -> str:
+    """The preflight's words for an image its node must hold and does not."""
+    if spec.image_staging == "none":
+        how = ("imageStaging: none, nothing fetches it; put it there (docker pull "
+               f"{spec.image}, or docker save IMAGE | ssh {node.name} docker load), or set "
+               "imageStaging: copy to copy the head's")
+    elif spec.image_pull == "never" and spec.image_staging == "copy":
+        how = (f"imagePull: never; pull or build it on {node.name}, the head (docker pull "
+               f"{spec.image}), or let imagePull: missing pull it there: the image copy brings "
+               "it to the other nodes")
+    else:  # imageStaging pull's words since before imageStaging
+        return (f"image {spec.image} is not on the node (imagePull: {spec.image_pull}); load "
+                "it with: docker save IMAGE | ssh NODE docker load")
+    return f"image {spec.image} is not on {node.name} ({how})"
+
+
 def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
     """Checks one node before any container starts (invariant 5); prints a JSON summary."""
     q = shlex.quote
@@ -82,17 +98,25 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
             f'case " $addrs" in *" {ip}/"*) ;; *) fail "host {ip} is the node identity but no '
             f'interface has it (NAT?); set fabricIp/fabricInterface. Addresses: $addrs" ;; esac',
         ]
-    if spec.image_pull == "always":
+    head = node.name == spec.head.name
+    # imageStaging copy: only the head pulls (per imagePull); another node gets the head's image
+    # from the image copy, after its preflight, so the image may be missing here (its versions
+    # are then the head's: the image check compares the ids once the copy is done)
+    receives = spec.image_staging == "copy" and not head
+    pulls = spec.image_staging == "pull" or (spec.image_staging == "copy" and head)
+    if pulls and spec.image_pull == "always":
         lines.append(f'log "pulling {spec.image}"; docker pull --quiet {image} >&2 '
                      f'|| fail "docker pull {spec.image} failed"')
-    elif spec.image_pull == "missing":
+    elif pulls and spec.image_pull == "missing":
         lines.append(f"docker image inspect {image} >/dev/null 2>&1 || {{ log \"pulling "
                      f"{spec.image}\"; docker pull --quiet {image} >&2 || fail \"docker pull "
                      f"{spec.image} failed\"; }}")
+    inspect = f"image_id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null)"
+    if receives:
+        lines.append(f"{inspect} || image_id=")
+    else:
+        lines.append(f'{inspect} || fail "{_missing_image(spec, node)}"')
     lines += [
-        f"image_id=$(docker image inspect --format '{{{{.Id}}}}' {image} 2>/dev/null) || fail "
-        f'"image {spec.image} is not on the node (imagePull: {spec.image_pull}); '
-        f'load it with: docker save IMAGE | ssh NODE docker load"',
         # Ray is optional in vLLM images since 0.18, head/worker must run the same Ray and
         # Python (ray#50511), and vLLM's version decides its Ray executor (legacy < 0.18 pins
         # `node:<VLLM_HOST_IP>`; RayExecutorV2 does not): read all three from the image here,
@@ -100,7 +124,11 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         # seconds on a real image) costs CPU on every cold up, so the answer is kept per image
         # id (a content hash: it cannot go stale) in a file outside any stack's directory.
         f"cache={STATE_DIR_SH}image-versions/\"${{image_id#sha256:}}\"",
-        'if versions=$(cat "$cache" 2>/dev/null) && [ "$(echo $versions | wc -w)" -eq 3 ]; then :',
+        *(['if [ -z "$image_id" ]; then versions="- - -"  # the image copy brings the head\'s',
+           'elif versions=$(cat "$cache" 2>/dev/null) && [ "$(echo $versions | wc -w)" -eq 3 ]; '
+           'then :'] if receives else
+          ['if versions=$(cat "$cache" 2>/dev/null) && [ "$(echo $versions | wc -w)" -eq 3 ]; '
+           'then :']),
         f"else versions=$(docker run --rm --network none --entrypoint python3 {image} -c "
         + q(VERSIONS_PY)
         + ' 2>&1) || fail "image has no python3 with vllm: '

@@ -256,6 +256,7 @@ def image_check_payload(spec: ClusterSpec) -> str:
     """What scripts/image_check.py asks: the tag, the pin, and how the head reaches each node."""
     return json.dumps({
         "image": spec.image, "imageDigest": spec.image_digest,
+        **({"staging": spec.image_staging} if spec.image_staging != "pull" else {}),
         "nodes": [{"name": n.name, "ip": n.identity_ip, "user": n.user, "port": n.port,
                    "hostKey": n.host_key or ""} for n in spec.nodes]}, sort_keys=True)
 

@@ -78,9 +78,12 @@ def main(key: str, payload: dict[str, Any]) -> int:
         problems.append(f"image {image} is not the same on every node (same tag, different "
                         "content):")
     if digest:
-        off = [name for name, image_id, digests in rows
-               if digest != image_id and digest not in [d.rsplit("@", 1)[-1]
-                                                        for d in digests.split()]]
+        # a copied image (imageStaging copy) has no registry digests (docker load keeps none):
+        # one id is one content, so a node holding the id another node's digests name passes
+        pinned = {image_id for _, image_id, digests in rows
+                  if digest == image_id or digest in [d.rsplit("@", 1)[-1]
+                                                      for d in digests.split()]}
+        off = [name for name, image_id, _ in rows if image_id not in pinned]
         if off:
             problems.append(f"imageDigest {digest} is not what {', '.join(off)} "
                             f"hold{'s' if len(off) == 1 else ''} as {image}:")
@@ -94,8 +97,13 @@ def main(key: str, payload: dict[str, Any]) -> int:
         extra = "  " + (digests or "-") if digest and image_id not in ("missing", "unreachable") \
             else ("  " + digests if image_id in ("missing", "unreachable") and digests else "")
         lines.append(f"  {name.ljust(width)}  {image_id}{extra}")
-    lines.append(f"Put one image on every node (docker pull {image} on each, or docker save "
-                 "IMAGE | ssh NODE docker load), then run pulumi up again.")
+    if payload.get("staging") == "copy":
+        lines.append("The image copy brought the head's image to the other nodes: a node that "
+                     "differs now changed since; run pulumi up --refresh to copy it again.")
+    else:
+        lines.append(f"Put one image on every node: set imageStaging: copy to have the head's "
+                     f"copied to the others over the fabric (only the layers they lack), or "
+                     f"docker pull {image} on each, then run pulumi up again.")
     print("\n".join(lines), file=sys.stderr)
     return 1
 

@@ -144,6 +144,25 @@ def run(spec: ClusterSpec, secrets: Secrets | None = None) -> dict[str, Register
     return out
 
 
+def run_outputs(spec: ClusterSpec) -> dict[str, Any]:
+    """The stack's outputs under mocks (the default secrets), resolved."""
+    mocks = Mocks()
+    pulumi.runtime.set_mocks(mocks, project="spark-vllm", stack=spec.stack, preview=False,
+                             monitor=RecordingMonitor(mocks))
+    secrets = Secrets(ssh_private_key=pulumi.Output.secret(SSH_KEY),
+                      hf_token=pulumi.Output.secret(HF_TOKEN),
+                      api_key=pulumi.Output.secret(API_KEY))
+    seen: dict[str, Any] = {}
+
+    @pulumi.runtime.test
+    def program() -> pulumi.Output[Any]:
+        outputs = deploy(spec, secrets)
+        return pulumi.Output.all(**outputs).apply(seen.update)
+
+    program()
+    return seen
+
+
 def spec_from(nodes: list[dict[str, Any]], stack: str = "test", **top: Any) -> ClusterSpec:
     raw: dict[str, Any] = {
         "nodes": nodes if top.get("insecureAcceptAnyHostKey") else pinned(nodes),

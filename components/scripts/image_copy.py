@@ -1,0 +1,479 @@
+"""spark-vllm's image copy (imageStaging: copy), run on the head with its python3 (stdlib only),
+one per other node: `python3 PROGRAM KEYFILE`, the program preceded by `PAYLOAD = {…}` (the
+tag, the node and how the head reaches it, the transport, the stack) and `HELPERS = {…}` (the
+source of scripts/image_check.py, whose SSH options it uses rather than repeats).
+
+1. Asks the node which image it holds under the tag, which layers every image there has, and
+   what its Docker storage has free. A node that holds the head's image id gets nothing.
+2. Spools the head's image once (`docker save` into ~/.spark-vllm/image-spool/<stack>/<id>,
+   under a lock: the copies to every node share one save), and plans what travels: the save's
+   files but the layers the node has already (a layer is there when an image on the node has
+   the same chain of layers below it and it: Docker's own test when it loads, the layer store's
+   chain ID). `docker load` skips a layer whose chain it has without opening its file
+   (moby image/tarexport/load.go), so a tar without those files loads.
+3. Refuses, with the numbers and before a byte moves, a node whose Docker storage cannot take
+   the missing layers twice over (`docker load` unpacks the stream into Docker's temp
+   directory, then each layer into the store).
+4. Streams the plan into the node's `docker load`, over SSH to its identity (fabric) address,
+   or raw TCP there (copyTransport tcp: a receiver on the node, a one-time token), saying every
+   10 s what moved, how fast and how long is left.
+5. Verifies by image id: the node must hold the head's id under the tag. An image that arrived
+   as another id is named, removed and sent once more; a load that Docker refused with layers
+   left out (an image store that does not skip them) is sent once more whole. Docker's own
+   error is quoted when it refuses.
+An interrupted copy leaves nothing half-loaded to run: `docker load` tags the image only once
+every layer is in, and the next `up` copies again. The last copy out removes the spool.
+Prints one JSON line: what moved. (No `from __future__` import: the PAYLOAD line comes first.)
+"""
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+import types
+from typing import Any
+
+PROGRESS_EVERY_S = 10
+# `docker load` holds the stream unpacked in Docker's temp directory while it registers each
+# layer in the store: the missing layers take this many times their size at the peak
+LOAD_FACTOR = 2
+MB = 1_000_000
+CHUNK = 1 << 20
+# The node's end of copyTransport tcp: listens on the node's identity address for one
+# connection, which must first send the one-time token it printed, then pipes the rest into
+# `docker load`.
+RECEIVER = r'''
+import secrets, socket, subprocess, sys
+ip = sys.argv[1]
+srv = socket.socket(socket.AF_INET6 if ":" in ip else socket.AF_INET)
+srv.bind((ip, 0)); srv.listen(1); srv.settimeout(60)
+token = secrets.token_hex(16)
+print("listening", srv.getsockname()[1], token, flush=True)
+conn, _ = srv.accept(); conn.settimeout(600)
+got = b""
+while len(got) < len(token):
+    part = conn.recv(len(token) - len(got))
+    if not part:
+        sys.exit("the sender closed before its token")
+    got += part
+if got.decode(errors="replace") != token:
+    sys.exit("a connection without the copy's token: refused")
+load = subprocess.Popen(["docker", "load"], stdin=subprocess.PIPE)
+while True:
+    data = conn.recv(1 << 20)
+    if not data:
+        break
+    load.stdin.write(data)
+load.stdin.close()
+sys.exit(load.wait())
+'''
+
+
+PAYLOAD_PREFIX = ""  # the shell's log prefix ("[spark-vllm] node-1: image copy to node-2: ")
+
+
+def log(msg: str) -> None:
+    print(f"{PAYLOAD_PREFIX}{msg}", file=sys.stderr, flush=True)
+
+
+def helper(name: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    exec(compile(globals()["HELPERS"][name], f"{name}.py", "exec"), mod.__dict__)
+    return mod
+
+
+def chain_ids(diff_ids: list[str]) -> list[str]:
+    """Docker's layer chain IDs (moby layer.CreateChainID) of a stack of diff IDs."""
+    out: list[str] = []
+    for d in diff_ids:
+        out.append(d if not out else
+                   "sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
+    return out
+
+
+def probe_script(image: str) -> str:
+    """What the node says: the tag's id, every image's layers, Docker's storage and its free
+    KiB (df reads a directory its user cannot enter)."""
+    tag = "'" + image.replace("'", "'\\''") + "'"
+    return "\n".join([
+        f"echo \"id $(docker image inspect --format '{{{{.Id}}}}' {tag} 2>/dev/null)\"",
+        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) || root=",
+        "[ -n \"$root\" ] || root=/var/lib/docker",
+        "echo \"free $(df -Pk \"$root\" 2>/dev/null | awk 'NR == 2 {print $4}') $root\"",
+        "ids=$(docker image ls -aq --no-trunc | sort -u)",
+        "[ -z \"$ids\" ] || docker image inspect --format "
+        "'layers {{range .RootFS.Layers}}{{.}} {{end}}' $ids",
+    ])
+
+
+def parse_probe(text: str) -> dict[str, Any]:
+    """{"id": the tag's image id or "", "chains": the chain IDs present, "free": bytes or None,
+    "root": Docker's storage}."""
+    out: dict[str, Any] = {"id": "", "chains": set(), "free": None, "root": "/var/lib/docker"}
+    for line in text.splitlines():
+        word, _, rest = line.partition(" ")
+        if word == "id":
+            out["id"] = rest.strip()
+        elif word == "free":
+            kib, _, root = rest.partition(" ")  # df may have said nothing: "free  ROOT"
+            out["free"] = int(kib) * 1024 if kib.isdigit() else None
+            out["root"] = root.strip() or out["root"]
+        elif word == "layers":
+            out["chains"].update(chain_ids(rest.split()))
+    return out
+
+
+def plan(spool: str, have_chains: set[str]) -> tuple[list[str], int, int, int, int]:
+    """(the spool's files to send, their bytes, the image's bytes, layers sent, layers in all):
+    every file of the save but the layers whose chain the node has."""
+    with open(os.path.join(spool, "manifest.json")) as f:
+        manifest = json.load(f)[0]
+    with open(os.path.join(spool, manifest["Config"])) as f:
+        diff_ids = json.load(f)["rootfs"]["diff_ids"]
+    layers = manifest["Layers"]
+    needed: set[str] = set()
+    for path, chain in zip(layers, chain_ids(diff_ids), strict=True):
+        if chain not in have_chains:
+            needed.add(os.path.normpath(path))
+            real = os.path.realpath(os.path.join(spool, path))  # a save links repeated layers
+            needed.add(os.path.relpath(real, spool))
+    skip = {os.path.normpath(p) for p in layers} - needed
+    files, sent, whole = [], 0, 0
+    for top, dirs, names in os.walk(spool):
+        dirs.sort()
+        for name in sorted(names):
+            rel = os.path.relpath(os.path.join(top, name), spool)
+            if rel.startswith("."):  # the spool's own marker
+                continue
+            size = os.lstat(os.path.join(spool, rel)).st_size
+            whole += size
+            if rel not in skip:
+                files.append(rel)
+                sent += size
+    return files, sent, whole, len(needed & {os.path.normpath(p) for p in layers}), len(layers)
+
+
+class Meter:
+    """Bytes moved, said every PROGRESS_EVERY_S until stopped."""
+
+    def __init__(self, what: str, total: int | None, waiting: str = "") -> None:
+        self.what, self.total, self.done, self.waiting = what, total, 0, waiting
+        self.start = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(PROGRESS_EVERY_S):
+            secs = time.monotonic() - self.start
+            rate = self.done / secs / MB if secs else 0.0
+            if not self.done and self.waiting:
+                log(f"{self.what}: {self.waiting} ({secs:.0f} s)")
+            elif self.total:
+                left = (self.total - self.done) / (rate * MB) if rate else None
+                log(f"{self.what}: {self.done // MB} of {self.total // MB} MB "
+                    f"({100 * self.done // self.total} %), {rate:.1f} MB/s, "
+                    f"ETA {f'{left:.0f} s' if left is not None else 'unknown'}")
+            else:
+                log(f"{self.what}: {self.done // MB} MB after {secs:.0f} s ({rate:.1f} MB/s)")
+
+    def stop(self) -> float:
+        self._stop.set()
+        return time.monotonic() - self.start
+
+
+class Counting:
+    """A file-like reader or writer that counts the bytes through it into a Meter."""
+
+    def __init__(self, f: Any, meter: Meter) -> None:
+        self.f, self.meter = f, meter
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.f.read(n)
+        self.meter.done += len(data)
+        return data
+
+    def write(self, data: bytes) -> int:
+        self.f.write(data)
+        self.meter.done += len(data)
+        return len(data)
+
+
+def spool_image(image: str, image_id: str, base: str) -> tuple[str, Any]:
+    """The head's image saved once into base/<id> (a lock: one saver, the other copies wait and
+    read it). Returns the directory and the lock, held shared while the caller sends."""
+    os.makedirs(base, mode=0o700, exist_ok=True)
+    hexid = image_id.split(":")[-1]
+    spool = os.path.join(base, hexid)
+    lock = open(os.path.join(base, ".lock"), "a+")
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        if not os.path.exists(os.path.join(spool, ".complete")):
+            for old in os.listdir(base):  # another image's spool, or a save cut short
+                if not old.startswith("."):
+                    shutil.rmtree(os.path.join(base, old), ignore_errors=True)
+            proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}}", image],
+                                  capture_output=True, text=True)
+            size = int(proc.stdout.strip() or 0)
+            free = shutil.disk_usage(base).free
+            if size > free:
+                raise SystemExit(f"the head has {free // MB} MB free in {base}, the image's "
+                                 f"save needs {size // MB} MB there (it is removed once every "
+                                 "node has the image)")
+            os.makedirs(spool, mode=0o700)
+            meter = Meter(f"saving {image} on the head (docker save)", size,
+                          "Docker exports the image before it sends its first byte")
+            save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE)
+            try:
+                src: Any = Counting(save.stdout, meter)
+                with tarfile.open(fileobj=src, mode="r|") as tar:
+                    for member in tar:
+                        name = os.path.normpath(member.name)
+                        if name.startswith(("/", "..")) or member.isdev():
+                            raise SystemExit(f"docker save wrote an unexpected entry {name!r}")
+                        tar.extract(member, spool, set_attrs=False)
+            finally:
+                meter.stop()
+                err = save.stderr.read().decode(errors="replace").strip() if save.stderr else ""
+                rc = save.wait()
+            if rc != 0:
+                raise SystemExit(f"docker save {image} on the head failed: {err}")
+            with open(os.path.join(spool, "manifest.json")) as f:
+                config = json.load(f)[0]["Config"]
+            if hexid not in config:  # the tag moved between the inspect and the save
+                raise SystemExit(f"{image} changed on the head while it was saved ({image_id} "
+                                 f"before, {config} in the save): run pulumi up again")
+            open(os.path.join(spool, ".complete"), "w").close()
+    except BaseException:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+        raise
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    return spool, lock
+
+
+def release_spool(spool: str, lock: Any) -> None:
+    """The last copy out removes the spool (another one sending holds the lock shared)."""
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        return
+    shutil.rmtree(spool, ignore_errors=True)
+    lock.close()
+
+
+def write_tar(out: Any, spool: str, files: list[str]) -> None:
+    """The spool's `files` as one tar stream into `out` (a pipe or a socket)."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.GNU_FORMAT) as tar:
+        for rel in files:
+            tar.add(os.path.join(spool, rel), arcname=rel, recursive=False)
+
+
+class Copy:
+    def __init__(self, key: str, tmp: str, p: dict[str, Any], ssh: types.ModuleType) -> None:
+        self.key, self.tmp, self.p, self.ssh = key, tmp, p, ssh
+        self.node = p["node"]
+        self.children: list[subprocess.Popen[bytes]] = []
+
+    def on_node(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        argv = self.ssh.ssh_argv(self.key, self.tmp, self.node, script)
+        try:
+            return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise SystemExit(f"{self.node['name']} did not answer within {timeout:.0f} s") from None
+
+    def probe(self) -> dict[str, Any]:
+        proc = self.on_node(probe_script(self.p["image"]))
+        if proc.returncode != 0:
+            raise SystemExit(f"cannot reach {self.where()} over the fabric from the head: "
+                             f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+        return parse_probe(proc.stdout)
+
+    def where(self) -> str:
+        n = self.node
+        return f"{n['name']} ({n['user']}@{n['ip']})"
+
+    def send(self, spool: str, files: list[str], total: int) -> tuple[int, str]:
+        """(docker load's exit code, what it said) after the files went into it."""
+        meter = Meter(f"copying to {self.node['name']}", total)
+        try:
+            if self.p["transport"] == "tcp":
+                return self._send_tcp(spool, files, meter)
+            return self._send_ssh(spool, files, meter)
+        finally:
+            self.seconds = meter.stop()
+            self.sent = meter.done
+
+    def _send_ssh(self, spool: str, files: list[str], meter: Meter) -> tuple[int, str]:
+        load = self._spawn(self.ssh.ssh_argv(self.key, self.tmp, self.node, "docker load"))
+        assert load.stdin
+        err = _drain(load)
+        try:
+            write_tar(Counting(load.stdin, meter), spool, files)
+            load.stdin.close()
+        except BrokenPipeError:
+            pass
+        rc = load.wait()
+        return rc, err()
+
+    def _send_tcp(self, spool: str, files: list[str], meter: Meter) -> tuple[int, str]:
+        ip = self.node["ip"]
+        recv = self._spawn(self.ssh.ssh_argv(self.key, self.tmp, self.node,
+                                             f"python3 - '{ip}'"))
+        assert recv.stdin and recv.stdout
+        recv.stdin.write(RECEIVER.encode())
+        recv.stdin.close()
+        line = recv.stdout.readline().decode(errors="replace").split()
+        if len(line) != 3 or line[0] != "listening":
+            recv.kill()
+            err = recv.stderr.read().decode(errors="replace") if recv.stderr else ""
+            raise SystemExit(f"the receiver on {self.node['name']} did not start: "
+                             f"{err.strip() or line}")
+        err = _drain(recv)
+        try:
+            with socket.create_connection((ip, int(line[1])), timeout=30) as conn:
+                conn.settimeout(600)
+                conn.sendall(line[2].encode())
+                with conn.makefile("wb", buffering=CHUNK) as out:
+                    write_tar(Counting(out, meter), spool, files)
+        except OSError as e:
+            recv.kill()
+            raise SystemExit(f"the raw TCP copy to {self.where()} failed: {e}") from None
+        rc = recv.wait()
+        return rc, err()
+
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        self.children.append(proc)
+        return proc
+
+    def remove_other(self, got: str) -> None:
+        """An image that arrived as another id: untag it and remove it (unless a container
+        uses it)."""
+        tag = "'" + self.p["image"].replace("'", "'\\''") + "'"
+        self.on_node(f"docker image rm {tag} >/dev/null 2>&1; docker image rm {got} "
+                     ">/dev/null 2>&1; true")
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> Any:
+    """Read a child's stdout and stderr as it runs (a full pipe would stop it); returns what it
+    said, once it ended."""
+    said: list[bytes] = []
+
+    def read(f: Any) -> None:
+        for line in iter(f.readline, b""):
+            said.append(line)
+
+    threads = [threading.Thread(target=read, args=(f,), daemon=True)
+               for f in (proc.stdout, proc.stderr) if f]
+    for t in threads:
+        t.start()
+
+    def result() -> str:
+        for t in threads:
+            t.join(30)
+        return b"".join(said).decode(errors="replace").strip()
+    return result
+
+
+def space_problem(node: str, free: int | None, root: str, send: int) -> str | None:
+    if free is None or send * LOAD_FACTOR <= free:
+        return None
+    return (f"{node} has {free // MB} MB free on {root} (Docker's storage), the image's "
+            f"missing layers need {send * LOAD_FACTOR // MB} MB there ({send // MB} MB to "
+            f"receive, held {LOAD_FACTOR} times while docker load unpacks them): free space "
+            f"there (docker system prune), then run pulumi up again")
+
+
+def main(key: str, p: dict[str, Any]) -> int:
+    global PAYLOAD_PREFIX
+    PAYLOAD_PREFIX = p["logPrefix"]
+    ssh = helper("image_check")
+    image, name = p["image"], p["node"]["name"]
+    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
+                          capture_output=True, text=True)
+    head_id = proc.stdout.strip()
+    if proc.returncode != 0 or not head_id:
+        raise SystemExit(f"image {image} is not on the head ({p['head']}): imageStaging copy "
+                         "copies the head's; its preflight pulls it there per imagePull, or "
+                         f"build it there (docker build -t {image} …)")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Copy(key, tmp, p, ssh)
+        signal.signal(signal.SIGTERM, lambda *_: _end(copy))
+        signal.signal(signal.SIGHUP, lambda *_: _end(copy))
+        have = copy.probe()
+        if have["id"] == head_id:
+            log(f"{name} holds {image} as {head_id[:19]} already: nothing to copy")
+            print(json.dumps({"node": name, "image": head_id, "sent": 0, "seconds": 0,
+                              "layers": "all there"}))
+            return 0
+        spool, lock = spool_image(image, head_id, os.path.expanduser(p["spool"]))
+        try:
+            files, total, whole, layers, of = plan(spool, have["chains"])
+            if problem := space_problem(name, have["free"], have["root"], total):
+                raise SystemExit(problem)
+            transport = "raw TCP (unencrypted)" if p["transport"] == "tcp" else "SSH"
+            log(f"copying {image} ({head_id[:19]}) to {copy.where()} over {transport}: "
+                f"{layers} of {of} layers, {total // MB} of {whole // MB} MB (the rest is "
+                "there)")
+            sent = 0
+            for attempt in (1, 2):
+                rc, said = copy.send(spool, files, total)
+                sent += copy.sent
+                if rc != 0:
+                    if attempt == 1 and layers < of:
+                        log(f"{name}'s Docker refused the image without the layers it has "
+                            f"({said.splitlines()[-1] if said else f'exit {rc}'}): sending "
+                            "every layer")
+                        files, total, _, layers, _ = plan(spool, set())
+                        continue
+                    raise SystemExit(f"{name}'s Docker cannot load the image (docker load, exit "
+                                     f"{rc}): {said or 'no message'}")
+                got = copy.probe()["id"]
+                if got == head_id:
+                    break
+                if got:
+                    copy.remove_other(got)
+                what = (f"as {got}, not the head's {head_id}" if got else
+                        f"and {image} is not there after docker load said: {said}")
+                if attempt == 2:
+                    raise SystemExit(f"the image arrived on {name} {what}, twice: removed; "
+                                     "check the node's Docker and disk")
+                log(f"the image arrived on {name} {what}: removed, sending it again")
+        finally:
+            release_spool(spool, lock)
+        log(f"ready: {name} holds {image} as {head_id[:19]} ({sent} bytes sent in "
+            f"{copy.seconds:.1f} s)")
+        print(json.dumps({"node": name, "image": head_id, "sent": sent,
+                          "seconds": round(copy.seconds, 2), "layers": f"{layers} of {of}"}))
+    return 0
+
+
+def _end(copy: Copy) -> None:
+    """A signal (the up interrupted): end what this started; the node's docker load sees its
+    stream end early and loads nothing."""
+    for child in copy.children:
+        child.kill()
+    os._exit(1)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1], json.loads(globals()["PAYLOAD"])))
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            log(f"FAILED: {e.code}")
+            sys.exit(1)
+        raise
