@@ -55,7 +55,8 @@ def project_dir() -> Path:
     return Path(os.environ.get("SPARK_VLLM_PROJECT") or Path.cwd())
 
 _INSPECT = ("docker inspect --format "
-            "'{{.Name}}|{{.Id}}|{{.State.Status}}|{{.State.ExitCode}}|{{.State.StartedAt}}' ")
+            "'{{.Name}}|{{.Id}}|{{.State.Status}}|{{.State.ExitCode}}|{{.State.StartedAt}}|"
+            "{{.Image}}' ")
 _RAY_NODES_PY = (
     "import json, ray\n"
     "ray.init(address='auto', logging_level='ERROR', log_to_driver=False)\n"
@@ -72,6 +73,7 @@ class ContainerView:
     state: str  # running, exited (137), gone, …
     id: str = ""
     expected_id: str = ""
+    image: str = ""  # the image id it runs
 
     @property
     def ok(self) -> bool:
@@ -99,6 +101,10 @@ class Report:
     endpoint_ok: bool = False
     unreachable: dict[str, str] = field(default_factory=dict)
     compile_cache: dict[str, str] = field(default_factory=dict)  # node -> "123 MiB in DIR"
+    # the stack's image (its id as the last `up` checked it) against what each node runs and
+    # holds under its tag now: node -> why it differs
+    image: str = ""
+    image_mismatch: dict[str, str] = field(default_factory=dict)
     # what collect read once, for a repair's steps (never printed)
     nodes: list[dict[str, Any]] = field(default_factory=list, repr=False)
     key: str = field(default="", repr=False)
@@ -126,6 +132,7 @@ class Report:
             out.append(f"vLLM {self.vllm_state}: {self.vllm}")
         if not self.endpoint_ok:
             out.append(f"endpoint from here: {self.endpoint_check}")
+        out += [f"{n}: image: {why}" for n, why in self.image_mismatch.items()]
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -135,6 +142,7 @@ class Report:
                 "ray": self.ray, "vllm": {"state": self.vllm_state, "seen": self.vllm},
                 "endpointCheck": self.endpoint_check, "unreachable": self.unreachable,
                 "compileCache": self.compile_cache,
+                "image": {"id": self.image, "mismatch": self.image_mismatch},
                 "problems": self.problems()}
 
     def text(self) -> str:
@@ -147,10 +155,17 @@ class Report:
             lines.append(f"{node:<12}{'-':<12}{'UNREACHABLE: ' + why}")
         for node, use in self.compile_cache.items():
             lines.append(f"{node:<12}{'cache':<12}{use}")
+        for node, why in self.image_mismatch.items():
+            lines.append(f"{node:<12}{'image':<12}MISMATCH: {why}")
         lines.append(f"vLLM: {self.vllm_state}: {self.vllm}")
         lines.append(f"endpoint from here: {self.endpoint_check}")
         if self.serving:
             lines.append("verdict: SERVING")
+            if self.image_mismatch:
+                lines.append("image: a node does not hold the stack's image: its next container "
+                             "start runs another. With imageStaging copy, pulumi up --refresh "
+                             f"--stack {self.stack} copies the head's again; else put the "
+                             "image back there")
         else:
             lines.append("verdict: NOT SERVING: " + "; ".join(self.problems()))
             lines.append(f"repair: pulumi up --refresh --stack {self.stack}  "
@@ -193,13 +208,19 @@ def api_role(head: dict[str, Any]) -> str:
     return commands.LEADER if commands.LEADER in head["containers"] else commands.VLLM
 
 
-def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: bool
-               ) -> tuple[list[ContainerView], str | None, list[dict[str, Any]] | None, str]:
+def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: bool,
+               image: str = "") -> tuple[list[ContainerView], str | None,
+                                         list[dict[str, Any]] | None, str, str]:
+    """The node's containers, why it cannot be reached, Ray's node table (the head), its
+    compile cache's size, and the image id it holds under the stack's tag `image` now."""
     target = _target(node, key)
     roles = node["containers"]
     script = "\n".join(
-        f"{_INSPECT}{shlex.quote(name)} 2>/dev/null || echo '/{name}||gone||'"
+        f"{_INSPECT}{shlex.quote(name)} 2>/dev/null || echo '/{name}||gone|||'"
         for name in roles.values())
+    if image:
+        script += (f"\necho '---image'\ndocker image inspect --format '{{{{.Id}}}}' "
+                   f"{shlex.quote(image)} 2>/dev/null || echo missing")
     cache = node.get("compileCache") or "none"
     if cache != "none":  # its size: what the node keeps for warm restarts
         script += f"\necho '---cache'\ndu -sk {shlex.quote(cache)} 2>/dev/null | cut -f1"
@@ -210,17 +231,20 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: b
     try:
         proc = ssh.run(target, script, timeout=60)
     except ssh.NodeUnreachableError as err:
-        return [], str(err), None, ""
+        return [], str(err), None, "", ""
     text, _, ray_text = proc.stdout.partition("---ray\n")
+    text, _, image_text = text.partition("---image\n")
     text, _, cache_text = text.partition("---cache\n")
     views = []
     by_name = {line.split("|")[0].lstrip("/"): line.split("|") for line in text.splitlines()
                if "|" in line}
     for role, name in roles.items():
-        _, cid, status, code, _ = by_name.get(name, ["", "", "gone", "", ""])
+        parts = by_name.get(name, ["", "", "gone", "", "", ""])
+        cid, status, code = parts[1], parts[2], parts[3]
         state = status if status in ("running", "gone") else f"{status} ({code})"
         views.append(ContainerView(node["name"], role, name, state, cid,
-                                   expected.get(f"{node['name']}/{role}", "")))
+                                   expected.get(f"{node['name']}/{role}", ""),
+                                   parts[5] if len(parts) > 5 else ""))
     ray = None
     if head and commands.HEAD in roles:
         try:
@@ -230,7 +254,22 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: b
     kib = cache_text.strip()
     cache_use = ("" if cache == "none" else f"{int(kib) / 1024:.0f} MiB in {cache}"
                  if kib.isdigit() else f"empty ({cache})")
-    return views, None, ray, cache_use
+    return views, None, ray, cache_use, image_text.strip()
+
+
+def image_mismatch(stack_image: str, held: str, containers: list[ContainerView]) -> str | None:
+    """Why a node's image is not the stack's (its id when the last `up` checked every node):
+    a container that runs another, or another image (or none) under the tag now."""
+    if not stack_image:
+        return None
+    short = stack_image[:19]
+    runs = [f"{c.role} runs {c.image[:19]}" for c in containers
+            if c.state == "running" and c.image and c.image != stack_image]
+    if held == "missing":
+        runs.append(f"the tag holds no image (pruned?), the stack's is {short}")
+    elif held and held != stack_image:
+        runs.append(f"the tag holds {held[:19]}, the stack's is {short}")
+    return "; ".join(runs) or None
 
 
 def _ask_endpoint(endpoint: str) -> tuple[bool, str]:
@@ -315,16 +354,21 @@ def collect(stack: Any) -> Report:
                         (outputs.get("serving") or {}).get("gpuMemoryUtilization")
                         or node_memory.DEFAULT_UTILIZATION))
     check = liveness_check(outputs)
+    image_out = outputs.get("image") or {}  # a stack deployed before it existed has none
     with ThreadPoolExecutor(max_workers=len(nodes) + 2) as pool:
         vllm = pool.submit(_ask_vllm, nodes[0], key, check)
         endpoint = pool.submit(_ask_endpoint, report.endpoint)
-        views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0),
+        views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0,
+                                                   image_out.get("name", "")),
                               range(len(nodes))))
         report.vllm_state, report.vllm = vllm.result()
         report.endpoint_ok, report.endpoint_check = endpoint.result()
     ray_table = None
-    for node, (containers, unreachable, ray, cache_use) in zip(nodes, views, strict=True):
+    report.image = image_out.get("id", "")
+    for node, (containers, unreachable, ray, cache_use, held) in zip(nodes, views, strict=True):
         report.containers += containers
+        if why := image_mismatch(report.image, held, containers):
+            report.image_mismatch[node["name"]] = why
         if cache_use:
             report.compile_cache[node["name"]] = cache_use
         if unreachable:

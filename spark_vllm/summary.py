@@ -45,15 +45,17 @@ COMMAND_TYPE = "command:remote:Command"
 LIVENESS_SUFFIX = "-liveness"  # liveness.py: `<command>-liveness`, a dynamic resource
 RUNNING = "running"  # liveness.py RUNNING
 COMPLETE = "complete"  # liveness.py COMPLETE (a staged model)
+PRESENT = "present"  # liveness.py PRESENT (a copied image)
 
 PREFLIGHT, HEAD, WORKER, GATE, VLLM = "preflight", "Ray head", "Ray worker", "gate", "vLLM"
 RANK = "vLLM rank"  # backend native: a headless rank (native_group.py); rank 0 is VLLM
 API_KEY = "API key"  # node.py api_key_command: the key's file on the API server's node
 IMAGES, MODEL, COPY = "image check", "model", "model copy"  # image_check.py, staging.py
+IMAGE_COPY = "image copy"  # image_staging.py: the head's image to one node (imageStaging copy)
 MEMORY = "memory check"  # memory_check.py
 FABRIC = "fabric check"  # fabric_check.py: a dynamic resource, and its gate (no row of its own)
 FABRIC_CHECK, FABRIC_GATE = "fabric-check", "fabric-gate"
-ROLE_ORDER = (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC, HEAD, WORKER, GATE, RANK, API_KEY,
+ROLE_ORDER = (PREFLIGHT, IMAGE_COPY, IMAGES, MODEL, COPY, MEMORY, FABRIC, HEAD, WORKER, GATE, RANK, API_KEY,
               VLLM)
 CHECKS = (PREFLIGHT, IMAGES, MEMORY, FABRIC, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
@@ -101,6 +103,9 @@ VLLM_RELOADS = "vLLM reloads the model (minutes of downtime on a Spark)"
 STAGED_ON_HEAD = ("the model is found in the head's hfCache (downloaded if missing there) and "
                   "hashed where its files changed")
 COPIED = "the files this node lacks are copied to it over the fabric; nothing restarts for it"
+IMAGE_COPIED = ("the head's image goes to this node over the fabric, only the layers it lacks, "
+                "checked by its id (nothing moves where the node holds it); nothing restarts "
+                "for it")
 WEIGHTS_STAY = "nothing runs: the weights stay in hfCache"
 FABRIC_MEASURED = ("the fabric is measured before any container changes (a refusal stops the "
                    "up there); starts nothing")
@@ -144,6 +149,11 @@ class Summary:
 
     def ray_nodes(self, *actions: str) -> list[str]:
         return [r.node for r in self.rows if r.role in (HEAD, WORKER) and r.action in actions]
+
+    @property
+    def image_copies(self) -> list[str]:
+        """The nodes the head's image goes to (imageStaging copy)."""
+        return [r.node for r in self.rows if r.role == IMAGE_COPY and r.action in (CREATE, REPLACE)]
 
     def rank_nodes(self, *actions: str) -> list[str]:
         return [r.node for r in self.rows if r.role == RANK and r.action in actions]
@@ -298,6 +308,8 @@ def _role(name: str) -> tuple[str, str | None] | None:
         return WORKER, name.removeprefix("ray-worker-")
     if name.startswith("model-copy-"):
         return COPY, name.removeprefix("model-copy-")
+    if name.startswith("image-copy-"):
+        return IMAGE_COPY, name.removeprefix("image-copy-")
     if name.startswith("vllm-rank-"):
         return RANK, name.removeprefix("vllm-rank-")
     return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
@@ -535,7 +547,7 @@ def update_causes(role: str, res: _Resource) -> tuple[str, ...]:
         elif key == "stdin" and role == API_KEY:  # its stdin is the key, nothing else
             causes.append(API_KEY_ROTATED)
         elif key == "stdin":
-            causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY) else
+            causes.append(SECRET_STDIN if role not in (IMAGES, MEMORY, COPY, IMAGE_COPY) else
                           "stdin (secret) changed: the SSH key, how the head reaches the "
                           "nodes, or its program")
         elif key == "create" and role == GATE:  # gate_script holds the preflights' reports
@@ -568,7 +580,8 @@ def causes_of(role: str, res: _Resource, dead: str | None, node_gone: bool,
     new_facts, new_links = _split(role, res.new)
     if old_facts is None or new_facts is None:
         return ("triggers changed shape (an upgrade of spark-vllm)",)
-    seen = "the node's copy was" if role in (MODEL, COPY) else "container was"
+    seen = ("the node's copy was" if role in (MODEL, COPY) else
+            "the node's image was" if role == IMAGE_COPY else "container was")
     died, moved, cascade = link_causes(old_links, new_links, dead, seen)
     if dead and not died:
         died.append(f"{seen} {dead}")
@@ -646,6 +659,9 @@ def consequence(role: str, action: str) -> str:
     if role == COPY:
         return {KEEP: "", CREATE: COPIED, REPLACE: COPIED, DELETE: WEIGHTS_STAY,
                 UPDATE: COPIED}[action]
+    if role == IMAGE_COPY:
+        return {KEEP: "", CREATE: IMAGE_COPIED, REPLACE: IMAGE_COPIED,
+                DELETE: "the image stays on the node", UPDATE: IMAGE_COPIED}[action]
     if role == FABRIC:
         return {KEEP: "", CREATE: FABRIC_MEASURED, REPLACE: FABRIC_MEASURED,
                 UPDATE: FABRIC_MEASURED, DELETE: "nothing runs (a check)"}[action]
@@ -658,7 +674,7 @@ def consequence(role: str, action: str) -> str:
 
 def _dead_state(states: Iterable[Any]) -> str | None:
     return next((s for s in states if isinstance(s, str)
-                 and s not in (RUNNING, COMPLETE, SECRET)), None)
+                 and s not in (RUNNING, COMPLETE, PRESENT, SECRET)), None)
 
 
 _Command = tuple[str, str | None, _Resource]  # role, node (None: the head's), steps
@@ -726,7 +742,8 @@ def summarize(preview: dict[str, Any], stack: str | None = None) -> Summary:
     rows: list[Row] = []
     for (node, role), res in found.items():
         action = res.action if res else KEEP
-        if role in (PREFLIGHT, IMAGES, MODEL, COPY, MEMORY, FABRIC, API_KEY) and action == KEEP:
+        if role in (PREFLIGHT, IMAGE_COPY, IMAGES, MODEL, COPY, MEMORY, FABRIC, API_KEY) \
+                and action == KEEP:
             continue  # a kept check, or weights that stay where they are, say nothing
         causes = causes_of(role, res, dead.get(res.name), actions[node] == {DELETE},
                            actions[node] == {CREATE}) if res else ()
@@ -840,6 +857,8 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"Ray stops on {', '.join(stopped)}")
     if gone := s.rank_nodes(DELETE):
         parts.append(_ranks_stop(gone))
+    if images := s.image_copies:
+        parts.append(f"the head's image is copied to {', '.join(images)}")
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         parts.append(f"the model is copied to {', '.join(copies)}")
     elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
@@ -887,6 +906,9 @@ def what_restarts(s: Summary) -> str:
     if switch := s.backend_switch:
         line += (f" The backend changes from {switch[0]} to {switch[1]}: each node's preflight "
                  f"stops the {switch[0]} backend's containers there before any new one starts.")
+    if images := s.image_copies:
+        line += (f" The head's image copied to {', '.join(images)} (only the layers they lack; "
+                 "nothing where a node holds its id).")
     if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     if rotated := s.key_rotated:

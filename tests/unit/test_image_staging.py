@@ -253,3 +253,57 @@ def test_the_copy_script_ends_its_program_on_a_signal() -> None:
     assert 'cleanup() { kill "$py"' in script
     assert "[spark-vllm] $node: image copy to node-2: $*" in script
     assert os.path.basename(image_commands.SPOOL_DIR) == "image-spool"
+
+
+def test_the_pr_summary_says_which_nodes_receive_the_image_and_that_nothing_restarts() -> None:
+    """A refresh saw node-2's image gone (pruned): its copy runs again, alone."""
+    from spark_vllm import summary
+    base = "urn:pulumi:lab::spark-vllm::spark-vllm:image:ImageStaging$"
+    copy_urn = base + "command:remote:Command::image-copy-node-2"
+    live_urn = base + "pulumi-python:dynamic:Resource::image-copy-node-2-liveness"
+    facts = {"node": "node-2", "to": "192.168.231.12", "image": "spark-vllm-sim:lab"}
+
+    def state(urn: str, inputs: dict[str, Any], outputs: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+        return {"urn": urn, "type": urn.split("$")[1].split("::")[0], "custom": True,
+                "inputs": inputs, "outputs": outputs or inputs}
+
+    steps = [
+        {"op": "refresh", "urn": live_urn, "detailedDiff": None,
+         "oldState": state(live_urn, {"state": "present"}, {"state": "gone"}),
+         "newState": state(live_urn, {"state": "gone"})},
+        {"op": "replace", "urn": live_urn, "detailedDiff": {"state": {"kind": "update-replace"}},
+         "oldState": state(live_urn, {"state": "gone"}),
+         "newState": state(live_urn, {"state": "present"})},
+        {"op": "replace", "urn": copy_urn,
+         "detailedDiff": {"triggers[1].liveness": {"kind": "update-replace"}},
+         "oldState": state(copy_urn, {"triggers": [facts, {"liveness": "old"}]}),
+         "newState": state(copy_urn, {"triggers": [facts, {"liveness": summary.UNKNOWN}]})},
+    ]
+    s = summary.summarize({"steps": steps, "config": {}})
+    assert [(r.node, r.role, r.action, r.cause) for r in s.rows] == [
+        ("node-2", "image copy", "replace", "the node's image was gone")]
+    assert s.rows[0].consequence == summary.IMAGE_COPIED
+    assert summary.headline(s) == "the head's image is copied to node-2 · Ray keeps running"
+    assert summary.what_restarts(s).startswith("What restarts: Ray on no node; vLLM: no. The "
+                                               "head's image copied to node-2 (only the layers")
+
+
+def test_status_names_a_node_whose_image_is_not_the_stacks() -> None:
+    from spark_vllm import status
+    a, b = "sha256:" + "a" * 64, "sha256:" + "b" * 64
+    worker = status.ContainerView("node-2", "ray-worker", "w", "running", "cid", "", a)
+    assert status.image_mismatch(a, a, [worker]) is None
+    assert status.image_mismatch("", "missing", [worker]) is None  # deployed before it existed
+    assert status.image_mismatch(a, "missing", [worker]) == (
+        f"the tag holds no image (pruned?), the stack's is {a[:19]}")
+    stale = status.ContainerView("node-2", "ray-worker", "w", "running", "cid", "", b)
+    assert status.image_mismatch(a, b, [stale]) == (
+        f"ray-worker runs {b[:19]}; the tag holds {b[:19]}, the stack's is {a[:19]}")
+    report = status.Report("lab", "http://x:8000/v1", "m", containers=[worker], ray_ok=True,
+                           vllm_state="serving", endpoint_ok=True, image=a,
+                           image_mismatch={"node-2": "the tag holds no image (pruned?)"})
+    text = report.text()
+    assert "node-2      image       MISMATCH: the tag holds no image (pruned?)" in text
+    assert "verdict: SERVING" in text and "pulumi up --refresh --stack lab copies" in text
+    assert report.to_json()["image"]["mismatch"] == {"node-2": "the tag holds no image (pruned?)"}
