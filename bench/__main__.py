@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import fabric, machine, preview_scale, report, scenarios, staging
+from bench import fabric, image_copy, machine, preview_scale, report, scenarios, staging
 from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
@@ -33,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
     ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
     ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging", "copy",
-                                       "fabric", BACKENDS],
+                                       "image", "fabric", BACKENDS],
                     help="one scenario (its prerequisite steps run untimed-in-the-report)")
     ap.add_argument("--contenders", default=",".join(CHOICES),
                     help="comma-separated subset of %(default)s")
@@ -81,7 +81,7 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
                     runs += scenarios.lifecycle(c, lab, r, "env_change",
                                                 record={"cold_up", "env_change"})
                     save()
-            elif args.only not in (scenarios.JOIN, "staging", "copy", "fabric"):
+            elif args.only not in (scenarios.JOIN, "staging", "copy", "image", "fabric"):
                 for c in contenders:
                     runs += scenarios.lifecycle(c, lab, r, args.only)
                     save()
@@ -101,6 +101,10 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
         if args.only in (None, "copy") and len(lab.nodes) == 2 and sv is not None:
             say(f"model copy: N streams, one stream, raw TCP, {args.runs} run(s) each")
             staged += staging.copy_runs(sv, lab, args.runs)
+            save()
+        if args.only in (None, "image") and len(lab.nodes) == 2 and sv is not None:
+            say(f"image copy: SSH, raw TCP, the plain pipe, {args.runs} run(s) each")
+            staged += image_copy.copy_runs(sv, lab, args.runs)
             save()
     finally:
         cluster.unblock_fabric(lab.nodes[0].name, lab.nodes[1].name)

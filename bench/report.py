@@ -7,7 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from bench import fabric, staging
+from bench import fabric, image_copy, staging
 from bench.scenarios import SCENARIOS
 from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
 from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
@@ -66,7 +66,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {t.name} | {t.measured} | {mark} |")
     lines += ["", *staging.table(result.get("staging", [])),
               *fabric.table(result.get("staging", [])),
-              *staging.copy_table(result.get("staging", [])), *preview_table(preview),
+              *staging.copy_table(result.get("staging", [])),
+              *image_copy.table(result.get("staging", [])), *preview_table(preview),
               *profile_section(runs), *cold_up_section(runs)]
     failures = [r for r in [*runs, *result.get("staging", [])] if not r["ok"]]
     if failures:
