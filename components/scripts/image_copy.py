@@ -18,9 +18,9 @@ source of scripts/image_check.py, whose SSH options it uses rather than repeats)
    or raw TCP there (copyTransport tcp: a receiver on the node, a one-time token), saying every
    10 s what moved, how fast and how long is left.
 5. Verifies by image id: the node must hold the head's id under the tag. An image that arrived
-   as another id is named, removed and sent once more; a load that Docker refused with layers
-   left out (an image store that does not skip them) is sent once more whole. Docker's own
-   error is quoted when it refuses.
+   as another id is named, removed and sent once more; a load that Docker refused (bytes
+   damaged on the way fail its layer hashes; an image store that does not skip the layers left
+   out) is sent once more, whole. Docker's own error is quoted when it refuses twice.
 An interrupted copy leaves nothing half-loaded to run: `docker load` tags the image only once
 every layer is in, and the next `up` copies again. The last copy out removes the spool.
 Prints one JSON line: what moved. (No `from __future__` import: the PAYLOAD line comes first.)
@@ -433,14 +433,16 @@ def main(key: str, p: dict[str, Any]) -> int:
                 rc, said = copy.send(spool, files, total)
                 sent += copy.sent
                 if rc != 0:
-                    if attempt == 1 and layers < of:
-                        log(f"{name}'s Docker refused the image without the layers it has "
-                            f"({said.splitlines()[-1] if said else f'exit {rc}'}): sending "
-                            "every layer")
-                        files, total, _, layers, _ = plan(spool, set())
-                        continue
-                    raise SystemExit(f"{name}'s Docker cannot load the image (docker load, exit "
-                                     f"{rc}): {said or 'no message'}")
+                    if attempt == 2:
+                        raise SystemExit(f"{name}'s Docker cannot load the image (docker load, "
+                                         f"exit {rc}), twice: {said or 'no message'}")
+                    # bytes damaged on the way (Docker checks every layer against its hash),
+                    # or an image store that will not skip the layers it has: once more, whole
+                    why = said.splitlines()[-1] if said else f"exit {rc}"
+                    log(f"{name}'s Docker refused the image ({why}): sending it again"
+                        + (", every layer" if layers < of else ""))
+                    files, total, _, layers, _ = plan(spool, set())
+                    continue
                 got = copy.probe()["id"]
                 if got == head_id:
                     break

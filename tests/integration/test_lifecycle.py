@@ -372,6 +372,7 @@ def test_5c_a_placement_group_slow_to_place_is_waited_for(lab2: Lab) -> None:
     # only once the up removed vLLM, in a race with the new vLLM's group. So vLLM goes first,
     # out of band (an operator's `docker rm`; the up's delete finds it gone), and the actor
     # takes the GPU once Ray has removed the dead driver's group.
+    ok(lab2.up())  # what test_5b set back (env, vllmTimeout) first: Ray must stay as it is
     stack = containers(NODES)
     vllm = next(c for c in stack if c.role == "vllm")
     node_sh(vllm.node, f"docker rm --force {vllm.name} >/dev/null")
