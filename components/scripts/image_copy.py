@@ -78,6 +78,7 @@ sys.exit(load.wait())
 '''
 
 
+SAVING: list[str] = []  # the spool this copy is writing, while it writes it
 PAYLOAD_PREFIX = ""  # the shell's log prefix ("[spark-vllm] node-1: image copy to node-2: ")
 
 
@@ -230,6 +231,7 @@ def spool_image(image: str, image_id: str, base: str) -> tuple[str, Any]:
                                  f"save needs {size // MB} MB there (it is removed once every "
                                  "node has the image)")
             os.makedirs(spool, mode=0o700)
+            SAVING.append(spool)  # a signal now removes it (this copy holds the lock)
             meter = Meter(f"saving {image} on the head (docker save)", size,
                           "Docker exports the image before it sends its first byte")
             save = subprocess.Popen(["docker", "save", image], stdout=subprocess.PIPE,
@@ -254,6 +256,7 @@ def spool_image(image: str, image_id: str, base: str) -> tuple[str, Any]:
                 raise SystemExit(f"{image} changed on the head while it was saved ({image_id} "
                                  f"before, {config} in the save): run pulumi up again")
             open(os.path.join(spool, ".complete"), "w").close()
+            SAVING.clear()
     except BaseException:
         fcntl.flock(lock, fcntl.LOCK_UN)
         lock.close()
@@ -285,6 +288,7 @@ class Copy:
         self.key, self.tmp, self.p, self.ssh = key, tmp, p, ssh
         self.node = p["node"]
         self.children: list[subprocess.Popen[bytes]] = []
+        self.spool: tuple[str, Any] | None = None  # the spool and its lock, while it is read
 
     def on_node(self, script: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         argv = self.ssh.ssh_argv(self.key, self.tmp, self.node, script)
@@ -420,6 +424,7 @@ def main(key: str, p: dict[str, Any]) -> int:
                               "layers": "all there"}))
             return 0
         spool, lock = spool_image(image, head_id, os.path.expanduser(p["spool"]))
+        copy.spool = (spool, lock)
         try:
             files, total, whole, layers, of = plan(spool, have["chains"])
             if problem := space_problem(name, have["free"], have["root"], total):
@@ -464,10 +469,15 @@ def main(key: str, p: dict[str, Any]) -> int:
 
 
 def _end(copy: Copy) -> None:
-    """A signal (the up interrupted): end what this started; the node's docker load sees its
-    stream end early and loads nothing."""
+    """A signal (the up interrupted): end what this started (the node's docker load sees its
+    stream end early and loads nothing) and leave no spool behind, unless another copy still
+    reads it."""
     for child in copy.children:
         child.kill()
+    for partial in SAVING:
+        shutil.rmtree(partial, ignore_errors=True)
+    if copy.spool:
+        release_spool(*copy.spool)
     os._exit(1)
 
 
