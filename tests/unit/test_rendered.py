@@ -28,6 +28,8 @@ CASES: dict[str, tuple[int, dict[str, Any]]] = {
     "duo-tcp-digest-len": (2, {"copyTransport": "tcp", "copyStreams": 4, "maxModelLen": 8192,
                                "imageDigest": "sha256:" + "ab" * 32}),
     "duo-native": (2, {"backend": "native", "env": {"NCCL_DEBUG": "WARN"}}),
+    "duo-image-copy": (2, {"imageStaging": "copy", "imagePull": "always",
+                           "copyTransport": "tcp"}),
     "four-native-pp2": (4, {"backend": "native", "tensorParallelSize": 2,
                             "pipelineParallelSize": 2, "masterPort": 29600}),
 }
