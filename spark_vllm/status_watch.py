@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 from .components import node_memory, ssh
-from .status import Report, _target, api_role, collect
+from .status_report import Report, _target, api_role, collect
 
 
 def _repair(stack: Any) -> bool:
