@@ -1,16 +1,20 @@
 """spark-vllm's image copy (imageStaging: copy), run on the head with its python3 (stdlib only),
 one per other node: `python3 PROGRAM KEYFILE`, the program preceded by `PAYLOAD = {…}` (the
 tag, the node and how the head reaches it, the transport, the stack) and `HELPERS = {…}` (the
-source of scripts/image_check.py, whose SSH options it uses rather than repeats).
+sources of scripts/image_check.py, whose SSH options it uses rather than repeats, and of
+scripts/image_layers.py, which says which layers the node lacks).
 
 1. Asks the node which image it holds under the tag, which layers every image there has, and
    what its Docker storage has free. A node that holds the head's image id gets nothing.
-2. Spools the head's image once (`docker save` into ~/.spark-vllm/image-spool/<stack>/<id>,
-   under a lock: the copies to every node share one save), and plans what travels: the save's
-   files but the layers the node has already (a layer is there when an image on the node has
-   the same chain of layers below it and it: Docker's own test when it loads, the layer store's
+2. A node with none of the image's layers (a first copy) gets `docker save` as it streams:
+   no pass over the head's disk but Docker's own. A node with some of them gets the save's
+   files but the layers it has already (a layer is there when an image on the node has the
+   same chain of layers below it and it: Docker's own test when it loads, the layer store's
    chain ID). `docker load` skips a layer whose chain it has without opening its file
-   (moby image/tarexport/load.go), so a tar without those files loads.
+   (moby image/tarexport/load.go), so a tar without those files loads. Which file is which
+   layer is only known from the save's manifest, written last, so that save is spooled first
+   (~/.spark-vllm/image-spool/<stack>/<id>, under a lock: the copies to several nodes share
+   it; the last one out removes it).
 3. Refuses, with the numbers and before a byte moves, a node whose Docker storage cannot take
    the missing layers twice over (`docker load` unpacks the stream into Docker's temp
    directory, then each layer into the store).
@@ -27,7 +31,6 @@ Prints one JSON line: what moved. (No `from __future__` import: the PAYLOAD line
 """
 
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -43,9 +46,6 @@ import types
 from typing import Any
 
 PROGRESS_EVERY_S = 10
-# `docker load` holds the stream unpacked in Docker's temp directory while it registers each
-# layer in the store: the missing layers take this many times their size at the peak
-LOAD_FACTOR = 2
 MB = 1_000_000
 CHUNK = 1 << 20
 # The node's end of copyTransport tcp: listens on the node's identity address for one
@@ -90,77 +90,6 @@ def helper(name: str) -> types.ModuleType:
     mod = types.ModuleType(name)
     exec(compile(globals()["HELPERS"][name], f"{name}.py", "exec"), mod.__dict__)
     return mod
-
-
-def chain_ids(diff_ids: list[str]) -> list[str]:
-    """Docker's layer chain IDs (moby layer.CreateChainID) of a stack of diff IDs."""
-    out: list[str] = []
-    for d in diff_ids:
-        out.append(d if not out else
-                   "sha256:" + hashlib.sha256(f"{out[-1]} {d}".encode()).hexdigest())
-    return out
-
-
-def probe_script(image: str) -> str:
-    """What the node says: the tag's id, every image's layers, Docker's storage and its free
-    KiB (df reads a directory its user cannot enter)."""
-    tag = "'" + image.replace("'", "'\\''") + "'"
-    return "\n".join([
-        f"echo \"id $(docker image inspect --format '{{{{.Id}}}}' {tag} 2>/dev/null)\"",
-        "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) || root=",
-        "[ -n \"$root\" ] || root=/var/lib/docker",
-        "echo \"free $(df -Pk \"$root\" 2>/dev/null | awk 'NR == 2 {print $4}') $root\"",
-        "ids=$(docker image ls -aq --no-trunc | sort -u)",
-        "[ -z \"$ids\" ] || docker image inspect --format "
-        "'layers {{range .RootFS.Layers}}{{.}} {{end}}' $ids",
-    ])
-
-
-def parse_probe(text: str) -> dict[str, Any]:
-    """{"id": the tag's image id or "", "chains": the chain IDs present, "free": bytes or None,
-    "root": Docker's storage}."""
-    out: dict[str, Any] = {"id": "", "chains": set(), "free": None, "root": "/var/lib/docker"}
-    for line in text.splitlines():
-        word, _, rest = line.partition(" ")
-        if word == "id":
-            out["id"] = rest.strip()
-        elif word == "free":
-            kib, _, root = rest.partition(" ")  # df may have said nothing: "free  ROOT"
-            out["free"] = int(kib) * 1024 if kib.isdigit() else None
-            out["root"] = root.strip() or out["root"]
-        elif word == "layers":
-            out["chains"].update(chain_ids(rest.split()))
-    return out
-
-
-def plan(spool: str, have_chains: set[str]) -> tuple[list[str], int, int, int, int]:
-    """(the spool's files to send, their bytes, the image's bytes, layers sent, layers in all):
-    every file of the save but the layers whose chain the node has."""
-    with open(os.path.join(spool, "manifest.json")) as f:
-        manifest = json.load(f)[0]
-    with open(os.path.join(spool, manifest["Config"])) as f:
-        diff_ids = json.load(f)["rootfs"]["diff_ids"]
-    layers = manifest["Layers"]
-    needed: set[str] = set()
-    for path, chain in zip(layers, chain_ids(diff_ids), strict=True):
-        if chain not in have_chains:
-            needed.add(os.path.normpath(path))
-            real = os.path.realpath(os.path.join(spool, path))  # a save links repeated layers
-            needed.add(os.path.relpath(real, spool))
-    skip = {os.path.normpath(p) for p in layers} - needed
-    files, sent, whole = [], 0, 0
-    for top, dirs, names in os.walk(spool):
-        dirs.sort()
-        for name in sorted(names):
-            rel = os.path.relpath(os.path.join(top, name), spool)
-            if rel.startswith("."):  # the spool's own marker
-                continue
-            size = os.lstat(os.path.join(spool, rel)).st_size
-            whole += size
-            if rel not in skip:
-                files.append(rel)
-                sent += size
-    return files, sent, whole, len(needed & {os.path.normpath(p) for p in layers}), len(layers)
 
 
 class Meter:
@@ -283,9 +212,52 @@ def write_tar(out: Any, spool: str, files: list[str]) -> None:
             tar.add(os.path.join(spool, rel), arcname=rel, recursive=False)
 
 
+class Source:
+    """What goes into the node's docker load: the head's `docker save` as it streams (every
+    layer), or the spool's files (the layers the node lacks)."""
+
+    def __init__(self, total: int, waiting: str = "") -> None:
+        self.total, self.waiting = total, waiting
+
+    def write(self, out: Any, copy: "Copy") -> None:
+        raise NotImplementedError
+
+
+class SaveStream(Source):
+    """`docker save` piped straight through: no pass over the head's disk but Docker's own."""
+
+    def __init__(self, image: str, total: int) -> None:
+        super().__init__(total, "Docker exports the image before it sends its first byte")
+        self.image = image
+
+    def write(self, out: Any, copy: "Copy") -> None:
+        save = copy._spawn(["docker", "save", self.image])
+        assert save.stdin and save.stdout and save.stderr
+        save.stdin.close()
+        try:
+            while chunk := os.read(save.stdout.fileno(), CHUNK):
+                out.write(chunk)
+        except BaseException:  # the node's end went away: docker save must not wait for it
+            save.kill()
+            raise
+        err = save.stderr.read().decode(errors="replace").strip()
+        if save.wait() != 0:
+            raise SystemExit(f"docker save {self.image} on the head failed: {err}")
+
+
+class SpoolFiles(Source):
+    def __init__(self, spool: str, files: list[str], total: int) -> None:
+        super().__init__(total)
+        self.spool, self.files = spool, files
+
+    def write(self, out: Any, copy: "Copy") -> None:
+        write_tar(out, self.spool, self.files)
+
+
 class Copy:
-    def __init__(self, key: str, tmp: str, p: dict[str, Any], ssh: types.ModuleType) -> None:
-        self.key, self.tmp, self.p, self.ssh = key, tmp, p, ssh
+    def __init__(self, key: str, tmp: str, p: dict[str, Any], ssh: types.ModuleType,
+                 lay: types.ModuleType) -> None:
+        self.key, self.tmp, self.p, self.ssh, self.lay = key, tmp, p, ssh, lay
         self.node = p["node"]
         self.children: list[subprocess.Popen[bytes]] = []
         self.spool: tuple[str, Any] | None = None  # the spool and its lock, while it is read
@@ -298,40 +270,40 @@ class Copy:
             raise SystemExit(f"{self.node['name']} did not answer within {timeout:.0f} s") from None
 
     def probe(self) -> dict[str, Any]:
-        proc = self.on_node(probe_script(self.p["image"]))
+        proc = self.on_node(self.lay.probe_script(self.p["image"]))
         if proc.returncode != 0:
             raise SystemExit(f"cannot reach {self.where()} over the fabric from the head: "
                              f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
-        return parse_probe(proc.stdout)
+        return self.lay.parse_probe(proc.stdout)
 
     def where(self) -> str:
         n = self.node
         return f"{n['name']} ({n['user']}@{n['ip']})"
 
-    def send(self, spool: str, files: list[str], total: int) -> tuple[int, str]:
-        """(docker load's exit code, what it said) after the files went into it."""
-        meter = Meter(f"copying to {self.node['name']}", total)
+    def send(self, source: Source) -> tuple[int, str]:
+        """(docker load's exit code, what it said) after `source` went into it."""
+        meter = Meter(f"copying to {self.node['name']}", source.total, source.waiting)
         try:
             if self.p["transport"] == "tcp":
-                return self._send_tcp(spool, files, meter)
-            return self._send_ssh(spool, files, meter)
+                return self._send_tcp(source, meter)
+            return self._send_ssh(source, meter)
         finally:
             self.seconds = meter.stop()
             self.sent = meter.done
 
-    def _send_ssh(self, spool: str, files: list[str], meter: Meter) -> tuple[int, str]:
+    def _send_ssh(self, source: Source, meter: Meter) -> tuple[int, str]:
         load = self._spawn(self.ssh.ssh_argv(self.key, self.tmp, self.node, "docker load"))
         assert load.stdin
         err = _drain(load)
         try:
-            write_tar(Counting(load.stdin, meter), spool, files)
+            source.write(Counting(load.stdin, meter), self)
             load.stdin.close()
         except BrokenPipeError:
             pass
         rc = load.wait()
         return rc, err()
 
-    def _send_tcp(self, spool: str, files: list[str], meter: Meter) -> tuple[int, str]:
+    def _send_tcp(self, source: Source, meter: Meter) -> tuple[int, str]:
         ip = self.node["ip"]
         recv = self._spawn(self.ssh.ssh_argv(self.key, self.tmp, self.node,
                                              f"python3 - '{ip}'"))
@@ -350,7 +322,7 @@ class Copy:
                 conn.settimeout(600)
                 conn.sendall(line[2].encode())
                 with conn.makefile("wb", buffering=CHUNK) as out:
-                    write_tar(Counting(out, meter), spool, files)
+                    source.write(Counting(out, meter), self)
         except OSError as e:
             recv.kill()
             raise SystemExit(f"the raw TCP copy to {self.where()} failed: {e}") from None
@@ -392,29 +364,23 @@ def _drain(proc: subprocess.Popen[bytes]) -> Any:
     return result
 
 
-def space_problem(node: str, free: int | None, root: str, send: int) -> str | None:
-    if free is None or send * LOAD_FACTOR <= free:
-        return None
-    return (f"{node} has {free // MB} MB free on {root} (Docker's storage), the image's "
-            f"missing layers need {send * LOAD_FACTOR // MB} MB there ({send // MB} MB to "
-            f"receive, held {LOAD_FACTOR} times while docker load unpacks them): free space "
-            f"there (docker system prune), then run pulumi up again")
-
-
 def main(key: str, p: dict[str, Any]) -> int:
     global PAYLOAD_PREFIX
     PAYLOAD_PREFIX = p["logPrefix"]
-    ssh = helper("image_check")
+    ssh, lay = helper("image_check"), helper("image_layers")
     image, name = p["image"], p["node"]["name"]
-    proc = subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", image],
+    proc = subprocess.run(["docker", "image", "inspect", "--format",
+                           "{{.Id}} {{.Size}} {{range .RootFS.Layers}}{{.}} {{end}}", image],
                           capture_output=True, text=True)
-    head_id = proc.stdout.strip()
+    head_id, _, rest = proc.stdout.strip().partition(" ")
+    size, _, layer_text = rest.partition(" ")
+    head_size, head_layers = int(size or 0), layer_text.split()
     if proc.returncode != 0 or not head_id:
         raise SystemExit(f"image {image} is not on the head ({p['head']}): imageStaging copy "
                          "copies the head's; its preflight pulls it there per imagePull, or "
                          f"build it there (docker build -t {image} …)")
     with tempfile.TemporaryDirectory() as tmp:
-        copy = Copy(key, tmp, p, ssh)
+        copy = Copy(key, tmp, p, ssh, lay)
         signal.signal(signal.SIGTERM, lambda *_: _end(copy))
         signal.signal(signal.SIGHUP, lambda *_: _end(copy))
         have = copy.probe()
@@ -423,49 +389,76 @@ def main(key: str, p: dict[str, Any]) -> int:
             print(json.dumps({"node": name, "image": head_id, "sent": 0, "seconds": 0,
                               "layers": "all there"}))
             return 0
-        spool, lock = spool_image(image, head_id, os.path.expanduser(p["spool"]))
-        copy.spool = (spool, lock)
-        try:
-            files, total, whole, layers, of = plan(spool, have["chains"])
-            if problem := space_problem(name, have["free"], have["root"], total):
+        start = time.monotonic()
+        transport = "raw TCP (unencrypted)" if p["transport"] == "tcp" else "SSH"
+        have_layers = sum(c in have["chains"] for c in lay.chain_ids(head_layers))
+        if have_layers == 0:
+            # the node has none of it (a first copy): docker save streams straight to the node
+            layers = of = len(head_layers)
+            whole = head_size
+            source: Source = SaveStream(image, head_size)
+            if problem := lay.space_problem(name, have["free"], have["root"], head_size):
                 raise SystemExit(problem)
-            transport = "raw TCP (unencrypted)" if p["transport"] == "tcp" else "SSH"
-            log(f"copying {image} ({head_id[:19]}) to {copy.where()} over {transport}: "
-                f"{layers} of {of} layers, {total // MB} of {whole // MB} MB (the rest is "
-                "there)")
-            sent = 0
-            for attempt in (1, 2):
-                rc, said = copy.send(spool, files, total)
-                sent += copy.sent
-                if rc != 0:
-                    if attempt == 2:
-                        raise SystemExit(f"{name}'s Docker cannot load the image (docker load, "
-                                         f"exit {rc}), twice: {said or 'no message'}")
-                    # bytes damaged on the way (Docker checks every layer against its hash),
-                    # or an image store that will not skip the layers it has: once more, whole
-                    why = said.splitlines()[-1] if said else f"exit {rc}"
-                    log(f"{name}'s Docker refused the image ({why}): sending it again"
-                        + (", every layer" if layers < of else ""))
-                    files, total, _, layers, _ = plan(spool, set())
-                    continue
-                got = copy.probe()["id"]
-                if got == head_id:
-                    break
-                if got:
-                    copy.remove_other(got)
-                what = (f"as {got}, not the head's {head_id}" if got else
-                        f"and {image} is not there after docker load said: {said}")
-                if attempt == 2:
-                    raise SystemExit(f"the image arrived on {name} {what}, twice: removed; "
-                                     "check the node's Docker and disk")
-                log(f"the image arrived on {name} {what}: removed, sending it again")
-        finally:
-            release_spool(spool, lock)
-        log(f"ready: {name} holds {image} as {head_id[:19]} ({sent} bytes sent in "
-            f"{copy.seconds:.1f} s)")
+            log(f"copying {image} ({head_id[:19]}) to {copy.where()} over {transport}: every "
+                f"layer ({of}), about {head_size // MB} MB, as docker save streams it")
+            sent = send_verified(copy, source, head_id, lambda: source)
+        else:
+            spool, lock = spool_image(image, head_id, os.path.expanduser(p["spool"]))
+            copy.spool = (spool, lock)
+            try:
+                files, total, whole, layers, of = lay.plan(spool, have["chains"])
+                if problem := lay.space_problem(name, have["free"], have["root"], total):
+                    raise SystemExit(problem)
+                log(f"copying {image} ({head_id[:19]}) to {copy.where()} over {transport}: "
+                    f"{layers} of {of} layers, {total // MB} of {whole // MB} MB (the rest is "
+                    "there)")
+
+                def every_layer() -> Source:
+                    all_files, all_bytes = lay.plan(spool, set())[:2]
+                    return SpoolFiles(spool, all_files, all_bytes)
+                sent = send_verified(copy, SpoolFiles(spool, files, total), head_id, every_layer)
+            finally:
+                release_spool(spool, lock)
+                copy.spool = None
+        seconds = time.monotonic() - start  # the save or spool, the sends, the id checks
+        log(f"ready: {name} holds {image} as {head_id[:19]} ({sent} bytes sent, {seconds:.1f} s "
+            "in all)")
         print(json.dumps({"node": name, "image": head_id, "sent": sent,
-                          "seconds": round(copy.seconds, 2), "layers": f"{layers} of {of}"}))
+                          "seconds": round(seconds, 2), "layers": f"{layers} of {of}"}))
     return 0
+
+
+def send_verified(copy: Copy, source: Source, head_id: str, again: Any) -> int:
+    """Send `source`, then check the node's id; once more (`again()`: every layer) when Docker
+    refused it or it arrived as another id. Returns the bytes sent in all."""
+    name, image = copy.node["name"], copy.p["image"]
+    sent = 0
+    for attempt in (1, 2):
+        rc, said = copy.send(source)
+        sent += copy.sent
+        if rc != 0:
+            if attempt == 2:
+                raise SystemExit(f"{name}'s Docker cannot load the image (docker load, exit "
+                                 f"{rc}), twice: {said or 'no message'}")
+            # bytes damaged on the way (Docker checks every layer against its hash), or an
+            # image store that will not skip the layers it has: once more, every layer
+            why = said.splitlines()[-1] if said else f"exit {rc}"
+            log(f"{name}'s Docker refused the image ({why}): sending it again")
+            source = again()
+            continue
+        got = copy.probe()["id"]
+        if got == head_id:
+            return sent
+        if got:
+            copy.remove_other(got)
+        what = (f"as {got}, not the head's {head_id}" if got else
+                f"and {image} is not there after docker load said: {said}")
+        if attempt == 2:
+            raise SystemExit(f"the image arrived on {name} {what}, twice: removed; check the "
+                             "node's Docker and disk")
+        log(f"the image arrived on {name} {what}: removed, sending it again")
+        source = again()
+    return sent
 
 
 def _end(copy: Copy) -> None:

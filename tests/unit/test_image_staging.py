@@ -30,7 +30,8 @@ from tests.unit.harness import (
 )
 
 sys.path.insert(0, str(Path(c.__file__).resolve().parents[1] / "scripts"))
-import image_copy  # noqa: E402  (a script the head runs, imported here for its functions)
+import image_copy  # noqa: E402  (scripts the head runs, imported here for their functions)
+import image_layers  # noqa: E402
 
 CONTAINERS = ("ray-head", "vllm-serve")
 
@@ -162,8 +163,8 @@ CHAIN3 = "sha256:001d3f4bd63457e5c73f3339e5351f8468f987e4fd02a23b5e4d5f56128e32c
 
 
 def test_chain_ids_are_dockers() -> None:
-    assert image_copy.chain_ids([L1]) == [L1]
-    assert image_copy.chain_ids([L1, L2, L3])[2] == CHAIN3
+    assert image_layers.chain_ids([L1]) == [L1]
+    assert image_layers.chain_ids([L1, L2, L3])[2] == CHAIN3
 
 
 def _spool(tmp: Path, layout: str, sizes: list[int]) -> tuple[Path, list[str]]:
@@ -191,44 +192,44 @@ def _spool(tmp: Path, layout: str, sizes: list[int]) -> tuple[Path, list[str]]:
 @pytest.mark.parametrize("layout", ["legacy", "oci"])
 def test_only_the_layers_whose_chain_the_node_lacks_travel(tmp_path: Path, layout: str) -> None:
     spool, diff_ids = _spool(tmp_path, layout, [5000, 3000, 700])
-    chains = image_copy.chain_ids(diff_ids)
-    whole_files, whole, _, n, of = image_copy.plan(str(spool), set())
+    chains = image_layers.chain_ids(diff_ids)
+    whole_files, whole, _, n, of = image_layers.plan(str(spool), set())
     assert (n, of) == (3, 3) and ".complete" not in whole_files
     # a new nightly: the node has the first two layers (as the chain below the third)
-    files, sent, total, n, of = image_copy.plan(str(spool), set(chains[:2]))
+    files, sent, total, n, of = image_layers.plan(str(spool), set(chains[:2]))
     assert (n, of, total) == (1, 3, whole)
     assert sent == whole - 8000 and len(files) == len(whole_files) - 2
     assert "manifest.json" in files
     # the same layer under another base is not the node's: its chain differs
-    other = image_copy.chain_ids(["sha256:" + "9" * 64, diff_ids[1]])
-    assert image_copy.plan(str(spool), set(other))[3] == 3
+    other = image_layers.chain_ids(["sha256:" + "9" * 64, diff_ids[1]])
+    assert image_layers.plan(str(spool), set(other))[3] == 3
 
 
 def test_a_layer_saved_as_a_link_to_another_sends_its_target(tmp_path: Path) -> None:
     spool, diff_ids = _spool(tmp_path, "legacy", [5000, 3000])
     (spool / "v1id1/layer.tar").unlink()
     (spool / "v1id1/layer.tar").symlink_to("../v1id0/layer.tar")  # as docker save links repeats
-    files = image_copy.plan(str(spool), {image_copy.chain_ids(diff_ids)[0]})[0]
+    files = image_layers.plan(str(spool), {image_layers.chain_ids(diff_ids)[0]})[0]
     assert {"v1id0/layer.tar", "v1id1/layer.tar"} <= set(files)
 
 
 def test_the_probe_reads_what_the_node_holds() -> None:
-    seen = image_copy.parse_probe(
+    seen = image_layers.parse_probe(
         f"id {IMAGE_ID}\nfree 1048576 /var/lib/docker\nlayers {L1} {L2} {L3} \nlayers {L2} \n")
     assert seen["id"] == IMAGE_ID and seen["free"] == 1 << 30
     assert {L1, CHAIN3, L2} <= seen["chains"]
-    assert image_copy.parse_probe("id \nfree  /x\n") == {
+    assert image_layers.parse_probe("id \nfree  /x\n") == {
         "id": "", "chains": set(), "free": None, "root": "/x"}
 
 
 def test_a_node_without_room_is_refused_with_the_numbers() -> None:
-    assert image_copy.space_problem("node-2", 3_000_000_000, "/var/lib/docker", 1_000_000_000) \
+    assert image_layers.space_problem("node-2", 3_000_000_000, "/var/lib/docker", 1_000_000_000) \
         is None
-    assert image_copy.space_problem("node-2", 1_500_000_000, "/var/lib/docker", 1_000_000_000) \
+    assert image_layers.space_problem("node-2", 1_500_000_000, "/var/lib/docker", 1_000_000_000) \
         == ("node-2 has 1500 MB free on /var/lib/docker (Docker's storage), the image's missing "
             "layers need 2000 MB there (1000 MB to receive, held 2 times while docker load "
             "unpacks them): free space there (docker system prune), then run pulumi up again")
-    assert image_copy.space_problem("node-2", None, "/x", 10**12) is None  # df could not say
+    assert image_layers.space_problem("node-2", None, "/x", 10**12) is None  # df could not say
 
 
 def test_progress_says_bytes_rate_and_time_left(monkeypatch: pytest.MonkeyPatch,
