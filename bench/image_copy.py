@@ -5,13 +5,13 @@ against pull.
 
 - spark-vllm ssh / tcp: node-2 without any image of the simulator (and its layers), then a cold
   `pulumi up` with imageStaging copy and that copyTransport. Timed: the copy's own account (its
-  JSON line: the save on the head, the stream into node-2's docker load, the id check). Its
-  step in the engine (with its SSH sessions) is kept beside it.
+  JSON line: docker save on the head streamed into node-2's docker load, the id check).
 - plain pipe: on node-1, `docker save IMAGE | ssh root@<node-2 fabric> docker load`, the same
   key and cipher defaults, node-2 bare first. Timed on node-1 around the pipe.
 - raw TCP: the image's save (a file on node-1, in the page cache) over one socket to node-2,
   discarded there (the link), or piped into node-2's `docker load` (the link and node-2's
-  Docker: where the disk allows).
+  Docker: where the disk allows). Timed on node-2, from the connection to the last byte (into
+  docker load: to the load's end).
 Every contender moves the same image; bytes are the save's size.
 """
 
@@ -34,10 +34,11 @@ SAVED = "/tmp/bench-image.tar"  # node-1: the image's save, for the raw TCP refe
 RAW_PORT = 29612
 # node-2's end: one connection, discarded or piped into docker load; prints the bytes
 RAW_RECV = r"""
-import socket, subprocess, sys
+import socket, subprocess, sys, time
 srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind((sys.argv[1], PORT)); srv.listen(1); print("ready", flush=True)
 c = srv.accept()[0]
+t0 = time.monotonic()
 load = subprocess.Popen(["docker", "load", "-q"], stdin=subprocess.PIPE) if sys.argv[2] == "load" else None
 buf = bytearray(4 << 20); mv = memoryview(buf); n = 0
 while k := c.recv_into(buf):
@@ -48,7 +49,7 @@ if load:
     load.stdin.close()
     if load.wait():
         sys.exit("docker load failed")
-print(n, flush=True)
+print(n, f"{time.monotonic() - t0:.3f}", flush=True)
 """.replace("PORT", str(RAW_PORT))
 RAW_SEND = r"""
 import socket, sys, time
@@ -132,8 +133,10 @@ def _raw(lab: Lab, into_load: bool) -> tuple[float | None, int, str]:
     out, err = recv.communicate(timeout=600)
     if not res.ok or recv.returncode:
         return None, 0, res.tail() if not res.ok else err[-300:]
-    # into docker load: the sender is done when the bytes left; the load ends after
-    return float(res.out.strip().splitlines()[-1]), int(out.strip().splitlines()[-1]), ""
+    # timed on node-2, from the connection to the last byte read (and, into docker load, to
+    # the load's end: the sender is done long before)
+    got, seconds = out.strip().splitlines()[-1].split()
+    return float(seconds), int(got), ""
 
 
 def copy_runs(c: SparkVllm, lab: Lab, runs: int) -> list[dict[str, Any]]:
@@ -227,10 +230,11 @@ def table(records: list[dict[str, Any]]) -> list[str]:
     med = {who: _median(records, who, "image-copy") for who in CONTENDERS}
     out = ["## Image copy against the fabric", "",
            f"The lab image's save ({size / 1e6:.0f} MB) from node-1 to a node-2 without it, runs "
-           "interleaved. spark-vllm: the copy's own seconds (the save on the head, the stream "
-           "into node-2's docker load, the id check). plain: `docker save | ssh docker load`. "
-           "raw TCP: the save from node-1's page cache over one socket, discarded on node-2 or "
-           "piped into its docker load.", "",
+           "interleaved. spark-vllm: the copy's own seconds (docker save on the head streamed "
+           "into node-2's docker load, the id check). plain: `docker save | ssh docker load`, "
+           "timed on node-1. raw TCP: the save from node-1's page cache over one socket, "
+           "discarded on node-2 or piped into its docker load, timed on node-2 to the last byte "
+           "(to the load's end).", "",
            "| contender | median s | MB/s | runs |", "|---|---|---|---|"]
     for who in CONTENDERS:
         n = len([r for r in copies if r["contender"] == who and r["ok"]])
