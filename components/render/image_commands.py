@@ -29,7 +29,8 @@ def copy_payload(spec: ClusterSpec, node: NodeSpec) -> dict[str, object]:
 def copy_stdin(spec: ClusterSpec, node: NodeSpec, ssh_private_key: str) -> str:
     """The copy's stdin: the key, then its program with the payload and its helper's source."""
     helpers = {"image_check": script_text("image_check.py"),
-               "image_layers": script_text("image_layers.py")}
+               "image_layers": script_text("image_layers.py"),
+               "image_receiver": script_text("image_receiver.py")}
     return staging_stdin(
         ssh_private_key, "image_copy.py",
         f"PAYLOAD = {json.dumps(copy_payload(spec, node), sort_keys=True)!r}\n"
