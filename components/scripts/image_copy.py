@@ -307,6 +307,9 @@ class Copy:
         save.stdout.close()  # ssh holds it now: docker save sees the pipe close if ssh ends
         meter.read = lambda: bytes_read(load.pid)
         err = _drain(load)
+        # its last count before it is reaped (a zombie's /proc/PID/io still answers)
+        os.waitid(os.P_PID, load.pid, os.WEXITED | os.WNOWAIT)
+        meter.poll()
         rc = load.wait()
         said = save.stderr.read().decode(errors="replace").strip()
         if save.wait() != 0 and rc == 0:
