@@ -121,10 +121,9 @@ class Summary:
     def ray_nodes(self, *actions: str) -> list[str]:
         return [r.node for r in self.rows if r.role in (HEAD, WORKER) and r.action in actions]
 
-    @property
-    def image_copies(self) -> list[str]:
-        """The nodes the head's image goes to (imageStaging copy)."""
-        return [r.node for r in self.rows if r.role == IMAGE_COPY and r.action in (CREATE, REPLACE)]
+    def copied_to(self, role: str) -> list[str]:
+        """The nodes a copy (COPY: the weights, IMAGE_COPY: the head's image) runs to."""
+        return [r.node for r in self.rows if r.role == role and r.action in (CREATE, REPLACE)]
 
     def rank_nodes(self, *actions: str) -> list[str]:
         return [r.node for r in self.rows if r.role == RANK and r.action in actions]

@@ -12,6 +12,7 @@ from .summary_model import (
     CREATE,
     DELETE,
     HEAD,
+    IMAGE_COPY,
     KEEP,
     MODEL,
     PROGRAM_CAUSES,
@@ -68,9 +69,9 @@ def headline(s: Summary, markdown: bool = False) -> str:
         parts.append(f"Ray stops on {', '.join(stopped)}")
     if gone := s.rank_nodes(DELETE):
         parts.append(_ranks_stop(gone))
-    if images := s.image_copies:
+    if images := s.copied_to(IMAGE_COPY):
         parts.append(f"the head's image is copied to {', '.join(images)}")
-    if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
+    if copies := s.copied_to(COPY):
         parts.append(f"the model is copied to {', '.join(copies)}")
     elif any(r.role == MODEL and r.action in (CREATE, REPLACE) for r in s.changed()):
         parts.append("the model is staged again on the head")
@@ -117,10 +118,10 @@ def what_restarts(s: Summary) -> str:
     if switch := s.backend_switch:
         line += (f" The backend changes from {switch[0]} to {switch[1]}: each node's preflight "
                  f"stops the {switch[0]} backend's containers there before any new one starts.")
-    if images := s.image_copies:
+    if images := s.copied_to(IMAGE_COPY):
         line += (f" The head's image copied to {', '.join(images)} (only the layers they lack; "
                  "nothing where a node holds its id).")
-    if copies := [r.node for r in s.changed() if r.role == COPY and r.action in (CREATE, REPLACE)]:
+    if copies := s.copied_to(COPY):
         line += f" Weights copied to {', '.join(copies)} (only the files they lack)."
     if rotated := s.key_rotated:
         line += (f" The apiKey's file on {rotated.node} is written in place: no container "
