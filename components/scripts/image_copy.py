@@ -33,6 +33,7 @@ Prints one JSON line: what moved. (No `from __future__` import: the PAYLOAD line
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -353,9 +354,18 @@ class Copy:
     def remove_other(self, got: str) -> None:
         """An image that arrived as another id: untag it and remove it (unless a container
         uses it)."""
-        tag = "'" + self.p["image"].replace("'", "'\\''") + "'"
-        self.on_node(f"docker image rm {tag} >/dev/null 2>&1; docker image rm {got} "
-                     ">/dev/null 2>&1; true")
+        self.on_node(f"docker image rm {shlex.quote(self.p['image'])} >/dev/null 2>&1; "
+                     f"docker image rm {got} >/dev/null 2>&1; true")
+
+    def held_id(self) -> str:
+        """The id the node holds under the tag now ("" when none): the check after a load,
+        which needs nothing else the probe reads."""
+        proc = self.on_node(f"docker image inspect --format '{{{{.Id}}}}' "
+                            f"{shlex.quote(self.p['image'])} 2>/dev/null || true")
+        if proc.returncode != 0:
+            raise SystemExit(f"cannot reach {self.where()} over the fabric from the head: "
+                             f"{proc.stderr.strip() or f'exit {proc.returncode}'}")
+        return proc.stdout.strip()
 
 
 def _drain(proc: subprocess.Popen[bytes]) -> Any:
@@ -410,7 +420,6 @@ def main(key: str, p: dict[str, Any]) -> int:
         if have_layers == 0:
             # the node has none of it (a first copy): docker save streams straight to the node
             layers = of = len(head_layers)
-            whole = head_size
             source: Source = SaveStream(image, head_size)
             if problem := lay.space_problem(name, have["free"], have["root"], head_size):
                 raise SystemExit(problem)
@@ -461,7 +470,7 @@ def send_verified(copy: Copy, source: Source, head_id: str, again: Any) -> int:
             log(f"{name}'s Docker refused the image ({why}): sending it again")
             source = again()
             continue
-        got = copy.probe()["id"]
+        got = copy.held_id()
         if got == head_id:
             return sent
         if got:

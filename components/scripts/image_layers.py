@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from typing import Any
 
 MB = 1_000_000
@@ -30,7 +31,7 @@ def chain_ids(diff_ids: list[str]) -> list[str]:
 def probe_script(image: str) -> str:
     """What the node says: the tag's id, every image's layers, Docker's storage and its free
     KiB (df reads a directory its user cannot enter)."""
-    tag = "'" + image.replace("'", "'\\''") + "'"
+    tag = shlex.quote(image)
     return "\n".join([
         f"echo \"id $(docker image inspect --format '{{{{.Id}}}}' {tag} 2>/dev/null)\"",
         "root=$(docker info --format '{{.DockerRootDir}}' 2>/dev/null) || root=",
