@@ -17,14 +17,14 @@ Every contender moves the same image; bytes are the save's size.
 
 from __future__ import annotations
 
-import json
 import shlex
 import statistics
 import subprocess
 from typing import Any
 
-from bench.common import STACK, Lab, say, ssh
+from bench.common import Lab, say, ssh
 from bench.contenders.spark_vllm import SparkVllm
+from bench.staging import copy_record
 from lab import config, keys
 
 IMAGE = config.INNER_IMAGE
@@ -71,24 +71,12 @@ def _bare_node2(lab: Lab) -> None:
         timeout=120)
 
 
-def _copy_record(c: SparkVllm) -> dict[str, Any] | None:
-    """The copy's JSON line in the state."""
-    res = c._pulumi("stack", "export", "--stack", STACK)
-    if not res.ok:
-        return None
-    for r in json.loads(res.out)["deployment"].get("resources", []):
-        if r.get("urn", "").endswith(f"::{COPY}"):
-            out = (r.get("outputs") or {}).get("stdout", "").strip()
-            return json.loads(out.splitlines()[-1]) if out else None
-    return None
-
-
 def _spark_vllm(c: SparkVllm, lab: Lab, transport: str) -> tuple[float | None, int, str]:
     c.down()
     _bare_node2(lab)
     c.set_config("copyTransport", transport)
     out = c.up()
-    copy = _copy_record(c) if out.ok else None
+    copy = copy_record(c, COPY) if out.ok else None
     if copy is None:
         return None, 0, out.note if not out.ok else "no copy in the state"
     return float(copy["seconds"]), int(copy["sent"]), ""
@@ -184,7 +172,7 @@ def _layer_sharing(c: SparkVllm, lab: Lab) -> dict[str, Any]:
     try:
         c.set_config("image", DERIVED)
         out = c.up()
-        copy = _copy_record(c) if out.ok else None
+        copy = copy_record(c, COPY) if out.ok else None
     finally:
         c.set_config("image", IMAGE)
         c.up()

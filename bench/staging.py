@@ -224,17 +224,17 @@ def _copy_config(c: SparkVllm, transport: str, streams: str) -> None:
         c.set_config(key, value)
 
 
-def _copy_seconds(c: SparkVllm) -> tuple[float | None, int | None]:
-    """The copy's own account (its JSON line): the transfer and the node's check, and the bytes
-    that crossed the link."""
+def copy_record(c: SparkVllm, name: str = COPY) -> dict[str, Any] | None:
+    """A copy command's own account, the JSON line it printed (in the state): its seconds and
+    the bytes that crossed the link (the weight copy's and the image copy's alike)."""
     res = c._pulumi("stack", "export", "--stack", STACK)
     if not res.ok:
-        return None, None
+        return None
     for r in json.loads(res.out)["deployment"].get("resources", []):
-        if r.get("urn", "").endswith(f"::{COPY}"):
-            line = json.loads((r.get("outputs") or {}).get("stdout", "").strip().splitlines()[-1])
-            return float(line["seconds"]), int(line["sent"])
-    return None, None
+        if r.get("urn", "").endswith(f"::{name}"):
+            out = (r.get("outputs") or {}).get("stdout", "").strip()
+            return json.loads(out.splitlines()[-1]) if out else None
+    return None
 
 
 COPY_CONTENDERS = {  # name -> (copyTransport, copyStreams), or a reference
@@ -269,7 +269,8 @@ def copy_runs(c: SparkVllm, lab: Lab, runs: int) -> list[dict[str, Any]]:
                 transport, streams = COPY_CONTENDERS[who]  # type: ignore[misc]
                 _copy_config(c, transport, streams)
                 step, note = _spark_vllm(c, lab)
-                seconds, _sent = _copy_seconds(c) if step is not None else (None, None)
+                copy = copy_record(c) if step is not None else None
+                seconds = float(copy["seconds"]) if copy else None
             rate = size / seconds / 1e6 if seconds else None
             say(f"  2 nodes  run {r}  {who:20} copy  "
                 + (f"{seconds:6.2f} s  {rate:7.1f} MB/s" if seconds else f"FAILED: {note[-160:]}"))
