@@ -54,6 +54,22 @@ def shim(node: str, path: str, text: str) -> None:
             f"&& chmod +x {path}")
 
 
+def up_with_stand_ins(lab: Lab, stand_ins: dict[str, str], after: str = "") -> Run:
+    """One `up` with stand-ins on node-2 (path -> text), removed after it, with `after`."""
+    for path, text in stand_ins.items():
+        shim("node-2", path, text)
+    try:
+        return lab.up()
+    finally:
+        node_sh("node-2", f"rm -f {' '.join(stand_ins)}; {after or 'true'}")
+
+
+def copy_refused(run: Run) -> str:
+    """The image copy's FAILED lines of a run that must have failed."""
+    assert run.error is not None
+    return " ".join(failed_lines(run, "node-1", ROLE))
+
+
 def fresh(lab: Lab) -> None:
     ok(lab.destroy())
     bare_node2()
@@ -150,14 +166,10 @@ def test_a_node_without_room_is_refused_with_the_numbers_before_a_byte_moves(
     lab = copying
     fresh(lab)
     # df on node-2 says 1000 KiB free (Docker's storage itself is the lab machine's disk)
-    shim("node-2", "/usr/local/bin/df", "#!/bin/sh\necho 'Filesystem 1024-blocks Used Available "
-         "Capacity Mounted on'\necho 'overlay 2000 1000 1000 50% /'\n")
-    try:
-        run = lab.up()
-    finally:
-        node_sh("node-2", "rm -f /usr/local/bin/df")
-    assert run.error is not None
-    said = " ".join(failed_lines(run, "node-1", ROLE))
+    run = up_with_stand_ins(lab, {"/usr/local/bin/df": (
+        "#!/bin/sh\necho 'Filesystem 1024-blocks Used Available Capacity Mounted on'\n"
+        "echo 'overlay 2000 1000 1000 50% /'\n")})
+    said = copy_refused(run)
     assert "node-2 has 1 MB free on /var/lib/docker (Docker's storage), the image's missing " \
            "layers need" in said, run.failure()
     assert_nothing_loaded_or_started()
@@ -167,14 +179,10 @@ def test_a_docker_that_cannot_load_is_named_with_its_own_error(copying: Lab) -> 
     lab = copying
     fresh(lab)
     error = "Error processing tar file(exit status 1): write /usr/x: no space left on device"
-    shim("node-2", "/usr/local/bin/docker", "#!/bin/sh\nif [ \"$1\" = load ]; then cat >/dev/null; "
-         f"echo '{error}' >&2; exit 1; fi\nexec /usr/bin/docker \"$@\"\n")
-    try:
-        run = lab.up()
-    finally:
-        node_sh("node-2", "rm -f /usr/local/bin/docker")
-    assert run.error is not None
-    said = " ".join(failed_lines(run, "node-1", ROLE))
+    run = up_with_stand_ins(lab, {"/usr/local/bin/docker": (
+        "#!/bin/sh\nif [ \"$1\" = load ]; then cat >/dev/null; "
+        f"echo '{error}' >&2; exit 1; fi\nexec /usr/bin/docker \"$@\"\n")})
+    said = copy_refused(run)
     assert f"node-2's Docker cannot load the image (docker load, exit 1), twice: {error}" \
         in said, run.failure()
     assert_nothing_loaded_or_started()
@@ -216,15 +224,12 @@ def test_a_stream_damaged_on_the_way_is_refused_by_docker_and_sent_again(copying
     flip = ("import sys\ni, o = sys.stdin.buffer, sys.stdout.buffer\no.write(i.read(50000000))\n"
             "b = i.read(1)\no.write(bytes([b[0] ^ 255]) if b else b)\n"
             "for c in iter(lambda: i.read(1 << 20), b''):\n    o.write(c)\n")
-    shim("node-2", "/tmp/flip.py", flip)
     node_sh("node-2", "touch /tmp/flip-once")
-    shim("node-2", "/usr/local/bin/docker", "#!/bin/sh\nif [ \"$1\" = load ] && rm /tmp/flip-once "
-         "2>/dev/null; then python3 /tmp/flip.py | /usr/bin/docker load; exit $?; fi\n"
-         "exec /usr/bin/docker \"$@\"\n")
-    try:
-        run = ok(lab.up())
-    finally:
-        node_sh("node-2", "rm -f /usr/local/bin/docker /tmp/flip-once /tmp/flip.py")
+    run = ok(up_with_stand_ins(lab, {
+        "/tmp/flip.py": flip,
+        "/usr/local/bin/docker": "#!/bin/sh\nif [ \"$1\" = load ] && rm /tmp/flip-once 2>/dev/null; "
+                                 "then python3 /tmp/flip.py | /usr/bin/docker load; exit $?; fi\n"
+                                 "exec /usr/bin/docker \"$@\"\n"}, after="rm -f /tmp/flip-once"))
     out = "\n".join(run.output)
     assert "node-2's Docker refused the image (" in out and "): sending it again" in out, \
         out[-3000:]
@@ -237,16 +242,13 @@ def test_an_image_that_arrives_as_another_id_is_removed_and_sent_again(copying: 
     fresh(lab)
     # once: docker load, then the tag moved to another image (an empty one, imported)
     node_sh("node-2", "touch /tmp/other-once")
-    shim("node-2", "/usr/local/bin/docker", "#!/bin/sh\nif [ \"$1\" = load ] && rm /tmp/other-once "
-         "2>/dev/null; then /usr/bin/docker load || exit $?\n  tar cf - -T /dev/null | "
-         f"/usr/bin/docker import - other:x >/dev/null\n  /usr/bin/docker tag other:x {IMAGE}\n"
-         "  exit 0\nfi\nexec /usr/bin/docker \"$@\"\n")
     head = image_id("node-1")
-    try:
-        run = ok(lab.up())
-    finally:
-        node_sh("node-2", "rm -f /usr/local/bin/docker /tmp/other-once; docker image rm -f "
-                "other:x >/dev/null 2>&1 || true")
+    run = ok(up_with_stand_ins(lab, {"/usr/local/bin/docker": (
+        "#!/bin/sh\nif [ \"$1\" = load ] && rm /tmp/other-once 2>/dev/null; then "
+        "/usr/bin/docker load || exit $?\n  tar cf - -T /dev/null | /usr/bin/docker import - "
+        f"other:x >/dev/null\n  /usr/bin/docker tag other:x {IMAGE}\n  exit 0\nfi\n"
+        "exec /usr/bin/docker \"$@\"\n")},
+        after="rm -f /tmp/other-once; docker image rm -f other:x >/dev/null 2>&1 || true"))
     out = "\n".join(run.output)
     said = re.search(r"the image arrived on node-2 as (sha256:[0-9a-f]{64}), not the head's "
                      r"(sha256:[0-9a-f]{64}): removed, sending it again", out)
