@@ -1,12 +1,11 @@
-"""The stand-in pulumi-resource-command (lab/engine/command_provider) under the REAL Pulumi CLI
-(lab/tools.sh, via `source lab/env.sh`), driving `command:remote:Command` from the real
-pulumi_command 1.2.1 SDK against a private sshd on loopback (started here, own host key, own
-client key, AcceptEnv for SVL_* and PULUMI_COMMAND_*).
+"""The pulumi-resource-command under test (the lab's stand-in, lab/engine/command_provider, unless
+SPARK_VLLM_CONFORMANCE_COMMAND_PROVIDER names another: tests/engine/conftest.py) under the REAL
+Pulumi CLI (lab/tools.sh, via `source lab/env.sh`), driving `command:remote:Command` from the
+real pulumi_command 1.2.1 SDK against a private sshd on loopback.
 
 Automation API inline programs (no language host needed), a temp file backend and a temp
-PULUMI_HOME whose plugin cache holds the stand-in (resource-command-v1.2.1 -> lab/engine/bin/
-pulumi-resource-command) with ambient plugins ignored, so the stand-in is what runs even if a PATH
-holds another one; one test launches it from PATH instead.
+PULUMI_HOME whose plugin cache holds the provider under test, with ambient plugins ignored, so
+it is what runs even if a PATH holds another one; one test launches it from PATH instead.
 
 The commands run on this machine (the sshd is local), so they record what ran in a file."""
 
@@ -14,229 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pulumi
-import pulumi.automation as auto
 import pulumi_command as command
 import pytest
 
-from lab import envsh
+from tests.engine.conftest import Engine, Sshd, free_port, keygen
+from tests.engine.stacks import Stack, conn, ops_log
 
 pytestmark = pytest.mark.integration
 
-REPO = Path(__file__).resolve().parents[2]
-WRAPPER = REPO / "lab" / "engine" / "bin" / "pulumi-resource-command"
-SSHD = Path("/usr/sbin/sshd")
 SECRET_STDIN = "stdin-s3cret-" + os.urandom(4).hex()
-
-
-# --- engine ----------------------------------------------------------------------------------------
-@dataclass
-class Engine:
-    env: dict[str, str]
-    pulumi_root: str  # <root>/bin/pulumi
-    tmp: Path
-
-    def workspace_opts(self, env: dict[str, str] | None = None) -> Any:
-        return auto.LocalWorkspaceOptions(
-            env_vars=env or self.env,
-            pulumi_command=auto.PulumiCommand(root=self.pulumi_root, skip_version_check=True))
-
-
-@pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Engine:
-    e = envsh.sourced()
-    pulumi_bin = shutil.which("pulumi", path=e.get("PATH", ""))
-    if pulumi_bin is None:
-        pytest.fail("no pulumi CLI after `source lab/env.sh`")
-    tmp = tmp_path_factory.mktemp("cmdprov")
-    home, state = tmp / "home", tmp / "state"
-    plug = home / "plugins" / "resource-command-v1.2.1"
-    plug.mkdir(parents=True)
-    (plug / "pulumi-resource-command").symlink_to(WRAPPER)
-    state.mkdir()
-    env = {
-        "PATH": f"{Path(pulumi_bin).parent}:/usr/local/bin:/usr/bin:/bin",
-        "HOME": os.environ.get("HOME", str(tmp)),
-        "PULUMI_HOME": str(home),
-        "PULUMI_BACKEND_URL": f"file://{state}",
-        "PULUMI_CONFIG_PASSPHRASE": "cmdprov-test",
-        "PULUMI_SKIP_UPDATE_CHECK": "true",
-        "PULUMI_DISABLE_AUTOMATIC_PLUGIN_ACQUISITION": "true",
-        "PULUMI_IGNORE_AMBIENT_PLUGINS": "true",
-    }
-    return Engine(env, str(Path(pulumi_bin).parent.parent), tmp)
-
-
-# --- sshd ------------------------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL)
-
-
-@dataclass
-class Sshd:
-    port: int
-    user: str
-    client_key: str
-    host_key: str  # "ssh-ed25519 AAAA…"
-    other_key: str  # a host key that is not this server's
-    dir: Path
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    if not SSHD.exists():
-        pytest.fail("no /usr/sbin/sshd (apt-get install openssh-server)")
-    d = tmp_path_factory.mktemp("sshd")
-    for n in ("host", "client", "other"):
-        _keygen(d / n)
-    (d / "authorized_keys").write_text((d / "client.pub").read_text())
-    port = _free_port()
-    (d / "sshd_config").write_text(f"""\
-Port {port}
-ListenAddress 127.0.0.1
-HostKey {d}/host
-AuthorizedKeysFile {d}/authorized_keys
-PidFile {d}/sshd.pid
-PermitRootLogin prohibit-password
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-AcceptEnv SVL_* PULUMI_COMMAND_*
-LogLevel VERBOSE
-""")
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # privilege separation dir
-    proc = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(d / "sshd_config")],
-                            stdout=subprocess.DEVNULL, stderr=open(d / "sshd.log", "w"))
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"sshd did not start: {(d / 'sshd.log').read_text()[-500:]}")
-                time.sleep(0.05)
-        import getpass
-        yield Sshd(port, getpass.getuser(), (d / "client").read_text(),
-                   " ".join((d / "host.pub").read_text().split()[:2]),
-                   " ".join((d / "other.pub").read_text().split()[:2]), d)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-# --- stacks ----------------------------------------------------------------------------------------
-@dataclass
-class Run:
-    ops: list[tuple[str, str]] = field(default_factory=list)  # (op, resource name), step start
-    status: list[tuple[float, str, bool]] = field(default_factory=list)  # (t, msg, ephemeral)
-    outputs: dict[str, Any] = field(default_factory=dict)
-    error: str | None = None
-    seconds: float = 0.0
-    done_at: dict[str, float] = field(default_factory=dict)
-
-    def changed(self) -> list[tuple[str, str]]:
-        return [(op, n) for op, n in self.ops if op != "same"]
-
-    def lines(self) -> list[str]:
-        return [m for _, m, _ in self.status]
-
-
-class Stack:
-    def __init__(self, engine: Engine, name: str, program: Callable[[], None],
-                 env: dict[str, str] | None = None) -> None:
-        self.engine = engine
-        self.env = env or engine.env
-        self.stack = auto.create_or_select_stack(name, "cmdprov", program=program,
-                                                 opts=engine.workspace_opts(env))
-
-    def _run(self, fn: Callable[..., Any]) -> Run:
-        run = Run()
-        t0 = time.monotonic()
-
-        def on_event(ev: Any) -> None:
-            now = time.monotonic() - t0
-            if ev.resource_pre_event is not None:
-                md = ev.resource_pre_event.metadata
-                run.ops.append((md.op.value, md.urn.split("::")[-1]))
-            if ev.res_outputs_event is not None:
-                run.done_at[ev.res_outputs_event.metadata.urn.split("::")[-1]] = now
-            d = ev.diagnostic_event
-            if d is not None and d.severity in ("info", "warning", "error"):
-                run.status.append((now, d.message.rstrip("\n"), bool(d.ephemeral)))
-
-        try:
-            res = fn(on_event=on_event)
-            run.outputs = {k: v.value for k, v in getattr(res, "outputs", {}).items()}
-        except auto.CommandError as e:
-            run.error = str(e)
-        run.seconds = time.monotonic() - t0
-        return run
-
-    def up(self) -> Run:
-        return self._run(self.stack.up)
-
-    def preview(self) -> Run:
-        return self._run(self.stack.preview)
-
-    def refresh(self) -> Run:
-        return self._run(self.stack.refresh)
-
-    def destroy(self) -> Run:
-        return self._run(self.stack.destroy)
-
-    def export(self) -> dict[str, Any]:
-        """`pulumi stack export` as a user runs it (secrets stay encrypted; the Automation
-        API's export_stack shows them)."""
-        r = subprocess.run([str(Path(self.engine.pulumi_root, "bin", "pulumi")), "stack",
-                            "export", "--stack", self.stack.name],
-                           cwd=self.stack.workspace.work_dir, env=self.env,
-                           capture_output=True, text=True, check=True)
-        d: dict[str, Any] = json.loads(r.stdout)["deployment"]
-        return d
-
-    def resource(self, name: str) -> dict[str, Any]:
-        for r in self.export().get("resources", []):
-            if r["urn"].endswith("::" + name):
-                return dict(r)
-        raise KeyError(name)
-
-    def remove(self) -> None:
-        self.stack.workspace.remove_stack(self.stack.name, force=True)
-
-
-def _conn(s: Sshd, **kw: Any) -> Any:
-    return command.remote.ConnectionArgs(host=kw.pop("host", "127.0.0.1"), port=s.port,
-                                         user=s.user, private_key=pulumi.Output.secret(
-                                             s.client_key), **kw)
-
-
-def _ops_log(engine: Engine, name: str) -> Path:
-    p = engine.tmp / f"{name}.ops"
-    p.write_text("")
-    return p
 
 
 # --- scenarios -------------------------------------------------------------------------------------
@@ -244,12 +32,12 @@ def test_lifecycle(engine: Engine, sshd: Sshd) -> None:
     """create -> no-op -> create changed (in-place update, old delete not run) -> connection
     changed (update on the new connection) -> triggers changed with delete_before_replace (the
     OLD delete string runs, then create) -> destroy (delete runs)."""
-    log = _ops_log(engine, "lifecycle")
+    log = ops_log(engine, "lifecycle")
     spec: dict[str, Any] = {"v": "1", "dv": "1", "trigger": "a", "host": "127.0.0.1"}
 
     def program() -> None:
         c = command.remote.Command(
-            "c1", connection=_conn(sshd, host=spec["host"]),
+            "c1", connection=conn(sshd, host=spec["host"]),
             create=(f"echo create-v{spec['v']} >> {log}; echo out-v{spec['v']}; "
                     f"echo err-v{spec['v']} >&2; echo \"prev=$PULUMI_COMMAND_STDOUT\" >> {log}"),
             delete=f"echo delete-v{spec['dv']} \"prev=$PULUMI_COMMAND_STDOUT\" >> {log}",
@@ -321,8 +109,8 @@ def test_update_runs_update_keeps_the_id_and_stores_the_new_key_for_delete(
     pulumi-go-provider v1.3.0 infer's default dependency wiring: every output depends on
     every input, and a changed input makes it computed in a preview). After the old key is
     removed from authorized_keys, the replacement's delete runs with the stored, new key."""
-    log = _ops_log(engine, "update")
-    _keygen(sshd.dir / "rotated")
+    log = ops_log(engine, "update")
+    keygen(sshd.dir / "rotated")
     rotated = (sshd.dir / "rotated").read_text()
     spec: dict[str, Any] = {"key": sshd.client_key, "v": "1", "trigger": "a"}
     opts = pulumi.ResourceOptions(delete_before_replace=True, replace_on_changes=["triggers"])
@@ -385,11 +173,11 @@ def test_update_runs_update_keeps_the_id_and_stores_the_new_key_for_delete(
 def test_triggers_replace_by_default(engine: Engine, sshd: Sshd) -> None:
     """No resource options: a `triggers` change alone is a replace (provider + the SDK's own
     replace_on_changes), create-before-delete, and the replaced one runs its stored delete."""
-    log = _ops_log(engine, "triggers")
+    log = ops_log(engine, "triggers")
     spec = {"t": "a"}
 
     def program() -> None:
-        command.remote.Command("t1", connection=_conn(sshd),
+        command.remote.Command("t1", connection=conn(sshd),
                                create=f"echo create-{spec['t']} >> {log}",
                                delete=f"echo delete-{spec['t']} >> {log}",
                                triggers=[spec["t"], 1])
@@ -409,11 +197,11 @@ def test_triggers_replace_by_default(engine: Engine, sshd: Sshd) -> None:
 
 
 def test_preview_runs_nothing(engine: Engine, sshd: Sshd) -> None:
-    log = _ops_log(engine, "preview")
+    log = ops_log(engine, "preview")
     spec = {"v": "1"}
 
     def program() -> None:
-        c = command.remote.Command("p1", connection=_conn(sshd),
+        c = command.remote.Command("p1", connection=conn(sshd),
                                    create=f"echo create-{spec['v']} >> {log}; echo hi")
         pulumi.export("stdout", c.stdout)
 
@@ -437,11 +225,11 @@ def test_refresh_returns_the_stored_state(engine: Engine, sshd: Sshd) -> None:
     """A Command has no remote state to read: refresh keeps the state as the last run left it
     (stdout and stderr byte for byte, the command not run again), even when what the command
     made on the host is gone since — which is why the program adds its own liveness resources."""
-    log = _ops_log(engine, "refresh")
+    log = ops_log(engine, "refresh")
     made = engine.tmp / "refresh.made"
 
     def program() -> None:
-        c = command.remote.Command("r1", connection=_conn(sshd),
+        c = command.remote.Command("r1", connection=conn(sshd),
                                    create=f"echo ran >> {log}; touch {made}; echo out-$$; "
                                           "echo err-line >&2")
         pulumi.export("stdout", c.stdout)
@@ -472,7 +260,7 @@ def test_stdin_and_secrets(engine: Engine, sshd: Sshd) -> None:
 
     def program() -> None:
         c = command.remote.Command(
-            "s1", connection=_conn(sshd),
+            "s1", connection=conn(sshd),
             create=f"cat > {out}; echo \"env=$SVL_GREETING\"",
             stdin=pulumi.Output.secret(SECRET_STDIN),
             environment={"SVL_GREETING": "hello world\nline2"})
@@ -504,7 +292,7 @@ def test_host_key_pinning(engine: Engine, sshd: Sshd) -> None:
     spec = {"key": sshd.host_key}
 
     def program() -> None:
-        c = command.remote.Command("h1", connection=_conn(sshd, host_key=spec["key"],
+        c = command.remote.Command("h1", connection=conn(sshd, host_key=spec["key"],
                                                           dial_error_limit=1),
                                    create="echo pinned")
         pulumi.export("stdout", c.stdout)
@@ -527,7 +315,7 @@ def test_host_key_pinning(engine: Engine, sshd: Sshd) -> None:
 
 def test_failing_command_fails_with_its_output(engine: Engine, sshd: Sshd) -> None:
     def program() -> None:
-        command.remote.Command("f1", connection=_conn(sshd),
+        command.remote.Command("f1", connection=conn(sshd),
                                create="echo partial-out; echo boom >&2; exit 3")
 
     st = Stack(engine, "failing", program)
@@ -544,7 +332,7 @@ def test_failing_command_fails_with_its_output(engine: Engine, sshd: Sshd) -> No
 
 
 def test_unreachable_host_fails_after_dial_error_limit(engine: Engine, sshd: Sshd) -> None:
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
 
     def program() -> None:
         command.remote.Command("u1", connection=command.remote.ConnectionArgs(
@@ -568,9 +356,9 @@ def test_unreachable_host_fails_after_dial_error_limit(engine: Engine, sshd: Ssh
 
 def test_streams_while_running_and_logging_none(engine: Engine, sshd: Sshd) -> None:
     def program() -> None:
-        command.remote.Command("l1", connection=_conn(sshd),
+        command.remote.Command("l1", connection=conn(sshd),
                                create="echo first-line; sleep 2; echo second-line")
-        command.remote.Command("l2", connection=_conn(sshd), create="echo quiet-line",
+        command.remote.Command("l2", connection=conn(sshd), create="echo quiet-line",
                                logging=command.remote.Logging.NONE)
 
     st = Stack(engine, "streaming", program)
@@ -591,13 +379,15 @@ def test_streams_while_running_and_logging_none(engine: Engine, sshd: Sshd) -> N
 def test_found_on_path(engine: Engine, sshd: Sshd) -> None:
     """Without the plugin cache entry: the CLI takes pulumi-resource-command from PATH
     (and warns that it did)."""
-    home = engine.tmp / "home-path"
+    home, on_path = engine.tmp / "home-path", engine.tmp / "on-path"
     (home / "plugins").mkdir(parents=True)
-    env = dict(engine.env, PULUMI_HOME=str(home), PATH=f"{WRAPPER.parent}:{engine.env['PATH']}")
+    on_path.mkdir()
+    (on_path / "pulumi-resource-command").symlink_to(engine.provider)
+    env = dict(engine.env, PULUMI_HOME=str(home), PATH=f"{on_path}:{engine.env['PATH']}")
     env.pop("PULUMI_IGNORE_AMBIENT_PLUGINS")
 
     def program() -> None:
-        c = command.remote.Command("w1", connection=_conn(sshd), create="echo via-path")
+        c = command.remote.Command("w1", connection=conn(sshd), create="echo via-path")
         pulumi.export("stdout", c.stdout)
 
     st = Stack(engine, "onpath", program, env=env)

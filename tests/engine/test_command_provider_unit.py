@@ -99,6 +99,26 @@ def test_check_fills_defaults_inside_the_secret_connection() -> None:
     assert inputs["addPreviousOutputInEnv"] is True
 
 
+def test_check_makes_the_schemas_secret_fields_secret_where_they_stand() -> None:
+    """infer's applySecrets (pulumi-go-provider v1.3.0): the key, the passwords and the
+    connection itself are secrets, the proxy's too, whether the program passed them as secrets
+    or not, even when Check fails; nothing else is."""
+    r = resources.RemoteCommand()
+    conn = {"host": "h", "privateKey": "K", "password": Secret("P"),
+            "proxy": {"host": "b", "privateKeyPassword": "Q"}}
+    inputs, failures = r.check({"connection": conn, "create": "x", "stdin": "s"})
+    assert failures == []
+    assert isinstance(inputs["connection"], Secret)
+    c = inputs["connection"].value
+    assert c["privateKey"] == Secret("K") and c["password"] == Secret("P")
+    assert c["proxy"]["privateKeyPassword"] == Secret("Q")
+    assert not isinstance(c["proxy"], Secret) and c["host"] == "h" and c["port"] == 22
+    assert inputs["create"] == "x" and inputs["stdin"] == "s"
+    failed, failures = r.check({"connection": {"host": "h", "privateKey": "K"}, "bogus": 1})
+    assert failures and failed["connection"] == Secret({"host": "h", "privateKey": Secret("K")})
+    assert failed["bogus"] == 1
+
+
 def test_check_failures() -> None:
     r = resources.RemoteCommand()
     _, failures = r.check({"create": "x", "bogus": 1})

@@ -8,8 +8,9 @@ pulumi-resource-command`` on PATH), so that the program, written against the rea
 
 It implements ``command:remote:Command`` completely (over the OpenSSH client) and
 ``command:local:Command`` without ``assetPaths``/``archivePaths``; see README.md for the protocol,
-the secret flow and every known difference. GetPluginInfo reports version 1.2.1; ``--version``
-prints that it is the stand-in.
+the secret flow and every known difference. GetPluginInfo reports version 1.2.1 and the command line
+is the real one's (no ``--version``: the usage, exit 2), so nothing can tell the two apart by
+asking; the plugin cache's link says which runs (docs/development.md, "The Pulumi engine").
 """
 
 VERSION = "1.2.1"

@@ -4,7 +4,10 @@ docstrings for every input, and https://www.pulumi.com/registry/packages/command
 
 - Check: inputs decode into the input type (unknown fields and wrong types are check failures);
   schema defaults are filled in (connection.user "root", port 22, dialErrorLimit 10,
-  perDialTimeout 15, proxy the same; addPreviousOutputInEnv true).
+  perDialTimeout 15, proxy the same; addPreviousOutputInEnv true); every field the schema marks
+  secret is made secret where it stands (``connection``, and inside it ``password``,
+  ``privateKey``, ``privateKeyPassword``, the proxy's too), so the state holds the key as a
+  secret nested in the secret connection, as the real provider's does.
 - Diff: old state's input keys vs new inputs; a change anywhere is an in-place update, except
   ``triggers`` (replaceOnChanges) which is a replace; deleteBeforeReplace is left to the program.
 - Create: id = name + 8 hex; preview runs nothing and returns stdout/stderr unknown; no
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import process, ssh
-from .props import COMPUTED, DiffResult, Secret, diff_inputs, go_quote, is_secret, reveal
+from .props import COMPUTED, SIG, DiffResult, Secret, diff_inputs, go_quote, is_secret, reveal
 
 LOGGING = ("stdout", "stderr", "stdoutAndStderr", "none")
 
@@ -63,6 +66,7 @@ class Field:
     required: bool = False
     fields: dict[str, Field] = field(default_factory=dict)  # for "object"
     values: tuple[str, ...] = ()  # for "enum"
+    secret: bool = False  # the schema's "secret": true (the provider's `provider:"secret"` tag)
 
 
 def _conn_fields(proxy: bool) -> dict[str, Field]:
@@ -70,9 +74,9 @@ def _conn_fields(proxy: bool) -> dict[str, Field]:
         "host": Field("string", required=True),
         "port": Field("number", default=22),
         "user": Field("string", default="root"),
-        "password": Field("string"),
-        "privateKey": Field("string"),
-        "privateKeyPassword": Field("string"),
+        "password": Field("string", secret=True),
+        "privateKey": Field("string", secret=True),
+        "privateKeyPassword": Field("string", secret=True),
         "agentSocketPath": Field("string"),
         "dialErrorLimit": Field("integer", default=ssh.DEFAULT_DIAL_ERROR_LIMIT),
         "perDialTimeout": Field("integer", default=ssh.DEFAULT_PER_DIAL_TIMEOUT),
@@ -93,13 +97,14 @@ COMMON = {
     "environment": Field("map"),
     "addPreviousOutputInEnv": Field("boolean", default=True),
 }
-REMOTE_INPUTS = {**COMMON, "connection": Field("object", required=True, fields=_conn_fields(False))}
+REMOTE_INPUTS = {**COMMON, "connection": Field("object", required=True, secret=True,
+                                               fields=_conn_fields(False))}
 LOCAL_INPUTS = {**COMMON, "dir": Field("string"), "interpreter": Field("array"),
                 "assetPaths": Field("array"), "archivePaths": Field("array")}
 
 
 def _type_ok(f: Field, v: Any) -> bool:
-    if v is COMPUTED or isinstance(v, dict) and "4dabf18193072939515e22adb298388d" in v:
+    if v is COMPUTED or isinstance(v, dict) and SIG in v:
         return True
     match f.kind:
         case "string":
@@ -137,8 +142,7 @@ def _check_object(fields: Mapping[str, Field], obj: dict[str, Any], type_name: s
                    else f"expected {f.kind}")
             failures.append(Failure(top or k, f"'{type_name}.{k}': {why}"))
             continue
-        if f.kind == "object" and isinstance(plain, dict) and "4dabf18193072939515e22adb298388d" \
-                not in plain:
+        if f.kind == "object" and isinstance(plain, dict) and SIG not in plain:
             sub = _check_object(f.fields, plain, f"{type_name}.{k}", top or k, failures)
             out[k] = Secret(sub) if isinstance(v, Secret) else sub
         else:
@@ -150,6 +154,24 @@ def _check_object(fields: Mapping[str, Field], obj: dict[str, Any], type_name: s
             failures.append(Failure(top or k, f"Missing required field '{k}' on '{type_name}'"))
         elif f.default is not None:
             out[k] = f.default
+    return out
+
+
+def apply_secrets(fields: Mapping[str, Field], obj: Any) -> Any:
+    """Every field the schema marks secret made secret where it stands, at any depth, secrets
+    and unknowns already there kept: what Check returns, the real provider's inputs and so its
+    state (pulumi-go-provider v1.3.0 ``infer/apply_secrets.go``, applied to Check's result
+    whether or not it failed; the fields' tags: the provider's schema, ``"secret": true``)."""
+    if isinstance(obj, Secret):
+        return Secret(apply_secrets(fields, obj.value))
+    if not isinstance(obj, dict) or SIG in obj:
+        return obj
+    out = dict(obj)
+    for k, f in fields.items():
+        if k not in out:
+            continue
+        v = apply_secrets(f.fields, out[k]) if f.kind == "object" else out[k]
+        out[k] = Secret(v) if f.secret and not isinstance(v, Secret) else v
     return out
 
 
@@ -195,7 +217,7 @@ class Resource:
     def check(self, news: dict[str, Any]) -> tuple[dict[str, Any], list[Failure]]:
         failures: list[Failure] = []
         checked = _check_object(self.INPUTS, news, self.TYPE_NAME, "", failures)
-        return (news if failures else checked), failures
+        return apply_secrets(self.INPUTS, news if failures else checked), failures
 
     def diff(self, old_state: Mapping[str, Any], news: Mapping[str, Any],
              ignore_changes: list[str]) -> DiffResult:

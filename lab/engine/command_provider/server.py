@@ -11,8 +11,6 @@ Configure, and the resource calls. stderr and any other stdout go to the engine'
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import signal
 import subprocess
@@ -216,19 +214,58 @@ def _abort(context: grpc.ServicerContext, code: grpc.StatusCode, msg: str) -> No
     raise AssertionError("unreachable")  # context.abort raises
 
 
-def _engine_address(argv: list[str]) -> str:
-    p = argparse.ArgumentParser(prog="pulumi-resource-command", add_help=False)
-    p.add_argument("--logtostderr", action="store_true")
-    p.add_argument("--logflow", action="store_true")
-    p.add_argument("-v", default=None)
-    p.add_argument("--tracing", default=None)
-    p.add_argument("rest", nargs="*")
-    ns, _ = p.parse_known_args(argv)
-    return ns.rest[-1] if ns.rest else ""
+# The real plugin's command line: Go's flag package over glog's flags and --tracing, nothing else
+# (no --version: `pulumi-resource-command --version` prints the usage and exits 2, as here).
+# name -> (takes a value, usage line)
+FLAGS = {
+    "alsologtostderr": (False, "log to standard error as well as files"),
+    "log_backtrace_at": (True, "when logging hits line file:N, emit a stack trace"),
+    "log_dir": (True, "If non-empty, write log files in this directory"),
+    "log_link": (True, "If non-empty, add symbolic links in this directory to the log files"),
+    "logbuflevel": (True, "Buffer log messages logged at this level or lower"),
+    "logtostderr": (False, "log to standard error instead of files"),
+    "stderrthreshold": (True, "logs at or above this threshold go to stderr (default 2)"),
+    "tracing": (True, "Emit tracing to a Zipkin-compatible tracing endpoint"),
+    "v": (True, "log level for V logs"),
+    "vmodule": (True, "comma-separated list of pattern=N settings for file-filtered logging"),
+}
+
+
+def usage(prog: str) -> str:
+    lines = [f"Usage of {prog}:"]
+    for name, (takes, text) in FLAGS.items():
+        lines += [f"  -{name}{' value' if takes else ''}", f"    \t{text}"]
+    return "\n".join(lines)
+
+
+def engine_address(argv: list[str], prog: str = "pulumi-resource-command") -> str:
+    """The engine's address (the first argument after the flags), the flags parsed as Go's flag
+    package does (-name, --name, -name=value, -name value; parsing stops at the first argument
+    that is not a flag). An unknown flag is Go's error and usage, exit 2; -h/-help the usage,
+    exit 0."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            i += 1
+            break
+        if len(arg) < 2 or not arg.startswith("-"):
+            break
+        name = arg.lstrip("-")
+        name, has_value, _ = name.partition("=")
+        if name in ("h", "help"):
+            print(usage(prog), file=sys.stderr)
+            sys.exit(0)
+        if name not in FLAGS:
+            print(f"flag provided but not defined: -{name}\n{usage(prog)}", file=sys.stderr)
+            sys.exit(2)
+        i += 2 if FLAGS[name][0] and not has_value else 1
+    rest = argv[i:]
+    return rest[0] if rest else ""
 
 
 def serve(argv: list[str], *, write_port: Callable[[int], None] | None = None) -> None:
-    engine = _engine_address(argv)
+    engine = engine_address(argv)
     threading.Thread(target=ssh.remove_stale_workdirs, daemon=True).start()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=128), options=_OPTIONS)
     provider_pb2_grpc.add_ResourceProviderServicer_to_server(Provider(engine), server)
@@ -254,11 +291,6 @@ def serve(argv: list[str], *, write_port: Callable[[int], None] | None = None) -
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in ("--version", "-version"):
-        print(f"v{VERSION} (spark-vllm stand-in: lab/engine/command_provider)")
-        return
-    if len(sys.argv) > 1 and sys.argv[1] == "--schema":
-        print(json.dumps(json.loads(schema_json()), indent=2))
-        return
+    engine_address(sys.argv[1:])  # the usage, exit 2, for a flag the real one lacks
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     serve(sys.argv[1:])
