@@ -26,9 +26,16 @@ GetRequiredPackages reads the ``pulumi-plugin.json`` files the installed provide
 (pulumi_command ships one naming ``command`` 1.2.1): the engine then loads those plugins before
 the program runs and names a missing one up front, as with the official host.
 
+A missing or empty virtualenv is created before this server starts (lab/engine/bin/
+pulumi-language-python, as the official host's EnsureVenv). ``pulumi about`` gets what the
+official host answers for a pip virtualenv: the interpreter, its version, the toolchain as
+Pulumi.yaml names it (``Pip``; ``Auto`` when it names none) with pip's version, and the venv's top-level packages as its Dependencies
+(``pip list --format json --not-required``; all of them when the CLI asks for transitive ones;
+names normalised as PEP 503 says): pulumi/pulumi sdk/python/toolchain/pip.go, v3.259.0.
+
 What it does not do (the official host does): ``pulumi install`` (InstallDependencies; the lab's
-Makefile builds the venv), ``pulumi about``'s dependency list, toolchains other than a plain
-virtualenv (uv, poetry), Python policy packs. Each answers UNIMPLEMENTED with that reason.
+Makefile builds the venv), toolchains other than a plain virtualenv (uv, poetry), Python policy
+packs. Each answers UNIMPLEMENTED with that reason.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -69,6 +77,26 @@ def required_packages() -> list[tuple[str, str, str]]:
             if info.get("resource") and info.get("name"):
                 found.add(("resource", info["name"], str(info.get("version", "")).lstrip("v")))
     return sorted(found)
+
+
+def pip(*args: str) -> str:
+    """`python -m pip ARGS` in the venv this runs in, its stdout."""
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True,
+                          timeout=120, check=True).stdout
+
+
+def semver(text: str) -> str:
+    """"26.3" -> "26.3.0": the version as the official host prints it (Go's semver)."""
+    m = re.match(r"(\d+)(?:\.(\d+))?(?:\.(\d+))?", text.strip())
+    return ".".join(g or "0" for g in m.groups()) if m else ""
+
+
+def dependencies(transitive: bool) -> list[tuple[str, str]]:
+    """(name, version) of the venv's packages: the top-level ones, or all when transitive (the
+    official host's ``pip list --format json [--not-required]``), names normalised (PEP 503)."""
+    listed = json.loads(pip("list", "--format", "json",
+                            *([] if transitive else ["--not-required"])))
+    return [(re.sub(r"[-_.]+", "-", p["name"].lower()), p["version"]) for p in listed]
 
 
 def entry_point(program_directory: str, entry: str) -> str:
@@ -139,14 +167,35 @@ class Launcher(LanguageServer):
         ]
         return language_pb2.GetRequiredPluginsResponse(plugins=plugins)
 
+    def About(self, request, context):  # noqa: N802
+        options = dict(request.info.options) if request.HasField("info") else {}
+        toolchain = {"": "Auto", "auto": "Auto", "pip": "Pip"}.get(
+            str(options.get("toolchain", "")).lower(), "Unknown")
+        typechecker = {"": "None", "mypy": "Mypy", "pyright": "Pyright"}.get(
+            str(options.get("typechecker", "")).lower(), "None")
+        try:
+            toolchain_version = semver(pip("--version").split()[1])
+        except (OSError, IndexError, subprocess.SubprocessError):
+            toolchain_version = "0.0.0"  # the official host leaves it zero when pip fails
+        return language_pb2.AboutResponse(
+            executable=sys.executable, version=semver(sys.version.split()[0]),
+            metadata={"toolchain": toolchain, "toolchainVersion": toolchain_version,
+                      "typechecker": typechecker})
+
+    def GetProgramDependencies(self, request, context):  # noqa: N802
+        try:
+            found = dependencies(bool(request.transitiveDependencies))
+        except (OSError, ValueError, subprocess.SubprocessError) as e:
+            context.abort(grpc.StatusCode.UNKNOWN, f"failed to get python dependencies: {e}")
+        return language_pb2.GetProgramDependenciesResponse(dependencies=[
+            language_pb2.DependencyInfo(name=name, version=version) for name, version in found])
+
     def GetPluginInfo(self, request, context):  # noqa: N802
         return plugin_pb2.PluginInfo(version=metadata.version("pulumi"))
 
     def InstallDependencies(self, request, context):  # noqa: N802
         context.abort(grpc.StatusCode.UNIMPLEMENTED, f"pulumi install: {NOT_HERE}")
 
-    def GetProgramDependencies(self, request, context):  # noqa: N802
-        context.abort(grpc.StatusCode.UNIMPLEMENTED, f"program dependencies: {NOT_HERE}")
 
 
 def main(argv: list[str]) -> None:

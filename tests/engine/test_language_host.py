@@ -8,7 +8,9 @@ as the official host does, and the provider SDKs' plugins declared up front."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,6 +154,13 @@ def test_a_missing_or_empty_virtualenv_is_created_with_the_requirements(
     # a second preview finds it and creates nothing
     again = pulumi(d, env, "preview")
     assert "Creating virtual environment" not in again.stdout + again.stderr
+    # `pulumi about`: the venv's interpreter, pip as its toolchain, its top-level packages
+    about = json.loads(pulumi(d, env, "about", "--json").stdout)
+    assert about["runtime"]["executable"] == str(venv_python)
+    assert about["runtime"]["toolchain"] == "Auto", about["runtime"]  # Pulumi.yaml names none
+    assert {"name": "pulumi", "version": pin} in about["dependencies"], about["dependencies"]
+    assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", dep["name"])
+               for dep in about["dependencies"]), about["dependencies"]
 
 
 def test_a_virtualenv_that_is_a_file_or_holds_no_python_is_refused(

@@ -59,7 +59,12 @@ def test_pulumi_about_names_the_sdks_language_server_and_the_project_venv(
     language = [p for p in about["plugins"] if p["kind"] == "language" and p["name"] == "python"]
     assert [p["version"] for p in language] == [_pin("pulumi")], about["plugins"]
     assert about["runtime"]["executable"] == str(REPO_DIR / ".venv" / "bin" / "python")
+    assert about["runtime"]["toolchain"] == "Pip", about["runtime"]
     assert about["cliAbout"]["version"].startswith("3.")
+    # the venv's top-level packages, as the official host lists them: spark-vllm, installed
+    # editable into the lab's venv, requires pulumi, so pulumi is not top-level
+    names = {d["name"] for d in about["dependencies"]}
+    assert "spark-vllm" in names and "pulumi" not in names, names
 
 
 def test_no_plugin_is_taken_from_path(env: dict[str, str]) -> None:
