@@ -9,7 +9,8 @@
 # 1. An installed engine when there is one (an operator's machine with the official CLI):
 #    `pulumi` on PATH at >= the Python SDK pin (requirements.txt) with the official language host
 #    beside it, as the CLI tarball ships it. pulumi-command's real provider is used when it is in
-#    the plugin cache at the pinned version (`pulumi plugin install resource command V`);
+#    the operator's plugin cache at the pinned version (`pulumi plugin install resource command V`;
+#    ${SPARK_VLLM_OPERATOR_PULUMI_HOME:-${PULUMI_HOME:-~/.pulumi}}/plugins);
 #    otherwise the lab's stand-in (lab/engine/command_provider) takes its place. Nothing is built.
 #    SPARK_VLLM_ENGINE=lab skips this step.
 # 2. Otherwise the lab's engine, cached:
@@ -83,7 +84,8 @@ installed_engine() { # -> the bin dir of an engine around an installed CLI, or f
     version=${version#v}
     [[ $(printf '%s\n%s\n' "$SDK_VERSION" "$version" | sort -V | head -1) == "$SDK_VERSION" ]] || {
         log "installed pulumi $version is older than the SDK pin $SDK_VERSION: not used"; return 1; }
-    plugin=${PULUMI_HOME:-$HOME/.pulumi}/plugins/$PLUGIN_LEAF/pulumi-resource-command
+    # the operator's own plugin cache (lab/env.sh keeps it: after a source, PULUMI_HOME is the lab's)
+    plugin=${SPARK_VLLM_OPERATOR_PULUMI_HOME:-${PULUMI_HOME:-$HOME/.pulumi}}/plugins/$PLUGIN_LEAF/pulumi-resource-command
     which="pulumi-resource-command $CMD_VERSION (the real one)"
     if [[ ! -x $plugin ]]; then
         plugin=$STAND_IN_BIN/pulumi-resource-command

@@ -17,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from lab.engine.command_provider import props, resources, ssh  # noqa: E402
+from lab.engine.command_provider import props, resources, server, ssh  # noqa: E402
 from lab.engine.command_provider.props import COMPUTED, Secret  # noqa: E402
 
 WRAPPER = REPO / "lab" / "engine" / "bin" / "pulumi-resource-command"
@@ -277,3 +277,18 @@ def test_protocol(plugin: Any) -> None:
     rd = plugin.Read(provider_pb2.ReadRequest(urn=urn, id=cr.id, properties=state))
     assert rd.id == cr.id and props.from_struct(rd.properties)["stdout"] == "o"
     plugin.Delete(provider_pb2.DeleteRequest(urn=urn, id=cr.id, properties=state))  # no delete
+
+
+def test_the_command_line_is_the_real_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    """Go's flag package over glog's flags and --tracing, as the real binary has them: the
+    engine's address after the flags; --version (which the real one lacks) is its usage and
+    exit 2, so nothing can tell the two apart by asking."""
+    assert server.engine_address(["--logtostderr", "-v=9", "--tracing", "x", "127.0.0.1:5"]) \
+        == "127.0.0.1:5"
+    assert server.engine_address(["-v", "3", "127.0.0.1:6"]) == "127.0.0.1:6"
+    with pytest.raises(SystemExit) as ended:
+        server.engine_address(["--version"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("flag provided but not defined: -version\nUsage of ")
+    assert "  -logtostderr\n" in err and "  -tracing value\n" in err

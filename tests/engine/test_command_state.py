@@ -54,10 +54,11 @@ def program(sshd: Sshd) -> None:
         opts=pulumi.ResourceOptions(delete_before_replace=True, replace_on_changes=["triggers"]))
 
 
-def placeholders(sshd: Sshd, rid: str) -> dict[str, Any]:
+def placeholders(sshd: Sshd, rid: str) -> dict[Any, str]:
     """What differs between two runs, and its name in the fixture."""
-    return {sshd.client_key: "<privateKey>", sshd.host_key: "<hostKey>", sshd.port: "<port>",
+    names: dict[Any, str] = {sshd.client_key: "<privateKey>", sshd.host_key: "<hostKey>", sshd.port: "<port>",
             sshd.user: "<user>", rid: "<id>"}
+    return names
 
 
 def shape(v: Any, names: dict[Any, Any]) -> Any:

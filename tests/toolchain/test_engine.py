@@ -97,8 +97,11 @@ def _installed_engine(tmp_path: Path, env: dict[str, str], with_plugin: bool = T
         (home / "plugins" / leaf).mkdir(parents=True)
         (home / "plugins" / leaf / "pulumi-resource-command").write_text("#!/bin/sh\nexit 1\n")
         (home / "plugins" / leaf / "pulumi-resource-command").chmod(0o755)
-    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PULUMI_HOME": str(home),
-            "SPARK_VLLM_CACHE": str(tmp_path / "cache")}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PULUMI_HOME": str(home),
+           "SPARK_VLLM_CACHE": str(tmp_path / "cache")}
+    env.pop("SPARK_VLLM_OPERATOR_PULUMI_HOME", None)  # a lab shell's: this engine's home rules
+    env.pop("SPARK_VLLM_ENGINE", None)
+    return env
 
 
 def _tools(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -147,3 +150,44 @@ def test_every_part_of_the_lab_engine_is_the_cache_or_this_checkout(env: dict[st
     elsewhere = [str(p) for p in parts
                  if not (p.resolve().is_relative_to(cache) or p.resolve().is_relative_to(REPO_DIR))]
     assert elsewhere == []
+
+
+def test_two_lab_shells_with_different_engines_each_keep_their_own_provider(
+        tmp_path: Path, env: dict[str, str]) -> None:
+    """Shell A sources lab/env.sh with the lab's engine and is mid-run (it waits); shell B,
+    of the same checkout, sources it with an installed engine whose real provider sits in the
+    operator's plugin cache. Each has its own PULUMI_HOME, and A's provider is still the
+    stand-in when it goes on: B's source relinked nothing of A's (it once switched a run that
+    started on the official provider onto the stand-in)."""
+    link = f"plugins/resource-command-v{_pin('pulumi-command')}/pulumi-resource-command"
+    report = f'echo "$PULUMI_HOME"; readlink -f "$PULUMI_HOME/{link}"; pulumi plugin ls --json'
+    a_env = {**os.environ, "SPARK_VLLM_ENGINE": "lab"}
+    a_env.pop("SPARK_VLLM_OPERATOR_PULUMI_HOME", None)
+    a = subprocess.Popen(
+        ["bash", "-c", f"source lab/env.sh >/dev/null && echo sourced && read -r _ && {report}"],
+        cwd=REPO_DIR, env=a_env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    b_home = None
+    try:
+        assert a.stdout is not None and a.stdin is not None
+        assert a.stdout.readline().strip() == "sourced", a.stderr.read() if a.stderr else ""
+        b = subprocess.run(["bash", "-c", f"source lab/env.sh >/dev/null && {report}"],
+                           cwd=REPO_DIR, env=_installed_engine(tmp_path, env),
+                           capture_output=True, text=True, timeout=120)
+        assert b.returncode == 0, b.stderr
+        b_home, b_provider = b.stdout.splitlines()[:2]
+        a_out, a_err = a.communicate("\n", timeout=120)
+        assert a.returncode == 0, a_err
+        a_home, a_provider = a_out.splitlines()[:2]
+        assert a_home != b_home and Path(a_home).parent == Path(b_home).parent
+        assert Path(a_provider) == STAND_IN / "pulumi-resource-command"
+        assert Path(b_provider).is_relative_to(tmp_path / "home"), b_provider
+        for out in (a_out, b.stdout):  # the engine sees one command plugin, at the pin
+            plugins = json.loads("\n".join(out.splitlines()[2:]))
+            assert [p["version"] for p in plugins if p["name"] == "command"] == [
+                _pin("pulumi-command")], plugins
+    finally:
+        if a.poll() is None:
+            a.kill()
+        if b_home and Path(b_home).name.startswith("installed-"):
+            shutil.rmtree(b_home, ignore_errors=True)

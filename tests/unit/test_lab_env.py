@@ -45,7 +45,7 @@ def test_shells_sourcing_it_at_once_all_succeed_with_one_right_link(tmp_path: Pa
         plugin = fake_checkout(root, env_sh)
         runs = source_at_once(root, 8)
         assert [r.returncode for r in runs] == [0] * 8, [r.stderr for r in runs if r.returncode]
-        link = root / ".lab" / "pulumi-home" / "plugins" / PLUGIN / "pulumi-resource-command"
+        link = root / ".lab" / "pulumi-home" / "engine" / "plugins" / PLUGIN / "pulumi-resource-command"
         assert link.resolve() == plugin.resolve()
         assert sorted(p.name for p in link.parent.iterdir()) == ["pulumi-resource-command"]
         shutil.rmtree(root)
@@ -53,7 +53,7 @@ def test_shells_sourcing_it_at_once_all_succeed_with_one_right_link(tmp_path: Pa
 
 def test_a_stale_link_is_replaced(tmp_path: Path) -> None:
     plugin = fake_checkout(tmp_path, (REPO / "lab" / "env.sh").read_text())
-    link = tmp_path / ".lab" / "pulumi-home" / "plugins" / PLUGIN / "pulumi-resource-command"
+    link = tmp_path / ".lab" / "pulumi-home" / "engine" / "plugins" / PLUGIN / "pulumi-resource-command"
     link.parent.mkdir(parents=True)
     link.symlink_to(tmp_path / "elsewhere")
     assert [r.returncode for r in source_at_once(tmp_path, 1)] == [0]
