@@ -124,10 +124,24 @@ def small_files(repo: str, size: int, shards: int,
             if tensor != "__metadata__":
                 weight_map[tensor] = name
     index = {"metadata": {"total_size": size}, "weight_map": weight_map}
+    # a byte-level BPE with one token per byte and no merges: it tokenizes any text (the
+    # serving benchmark cuts its prompts with the served model's tokenizer), the byte -> char
+    # map of GPT-2's byte-level BPE (what the ByteLevel pre-tokenizer emits)
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    chars = dict(zip(printable, printable, strict=True))
+    extra = 0
+    for b in range(256):
+        if b not in chars:
+            chars[b] = 256 + extra
+            extra += 1
+    vocab = {"<|endoftext|>": 0, **{chr(chars[b]): 1 + b for b in range(256)}}
     tokenizer: dict[str, object] = {
         "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-        "normalizer": None, "pre_tokenizer": {"type": "ByteLevel"},
-        "model": {"type": "BPE", "vocab": {"<|endoftext|>": 0}, "merges": []}}
+        "normalizer": None, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
+                                              "trim_offsets": True, "use_regex": True},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                    "use_regex": True},
+        "model": {"type": "BPE", "vocab": vocab, "merges": []}}
     tokenizer_config = {"model_max_length": 262144, "eos_token": "<|endoftext|>",
                         "tokenizer_class": "Qwen2Tokenizer", "_spark_vllm_lab": LAB_MARK}
     generation = {"bos_token_id": 151643, "eos_token_id": [151645, 151643],

@@ -2,6 +2,7 @@
 
     spark-vllm init DIR [--requirement REQ]   a new project of your own in DIR
     spark-vllm status [--stack S] [--json] [--watch …]
+    spark-vllm bench [--stack S] [--profile quick|spark] [--new-baseline] [--strict]
     spark-vllm summary [--format text] [preview.json]
     spark-vllm teardown --node-gone NODE [--stack S]
 
@@ -94,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the requirements.txt line for spark-vllm (default: where this "
                              "one was installed from)")
     for name, text in (("status", "what runs on every node; --watch repairs"),
+                       ("bench", "a serving benchmark of the endpoint, against its baseline"),
                        ("summary", "what a `pulumi preview --json` restarts, and why"),
                        ("teardown", "tear a stack down when a node is gone for good")):
         sub.add_parser(name, help=text, add_help=False)
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             from . import status
             return status.main(rest, prog="spark-vllm status")
+        if args.command == "bench":
+            from . import bench
+            return bench.main(rest, prog="spark-vllm bench")
         if args.command == "teardown":
             from . import teardown
             return teardown.main(rest, prog="spark-vllm teardown")

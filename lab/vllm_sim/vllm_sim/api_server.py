@@ -89,6 +89,15 @@ TOKENS_PER_STEP = 8
 STEP_S = 0.02
 
 
+def step_s() -> float:
+    """A step's least duration: STEP_S, or VLLM_SIM_STEP_S (simulator-only): a slower build to
+    play, e.g. an image whose serving regressed, for the serving benchmark to name."""
+    try:
+        return max(0.0, float(os.environ.get("VLLM_SIM_STEP_S") or STEP_S))
+    except ValueError:
+        return STEP_S
+
+
 @dataclass(eq=False)
 class _Request:
     tokens_left: int
@@ -111,6 +120,7 @@ class _Engine:
         self.waiting: deque[_Request] = deque()
         self.running: list[_Request] = []
         self.task: asyncio.Task[None] | None = None
+        self.step_s = step_s()
 
     def submit(self, tokens: int) -> _Request:
         loop = asyncio.get_running_loop()
@@ -177,7 +187,7 @@ class _Engine:
             # stopped (SIGSTOP) after its step stops the counters at once, as on vLLM 0.26.0
             # (tests/fixtures/real-vllm: no token after the stop). Was: the step and STEP_S's
             # sleep together, so a step answered just before the stop came out after it.
-            await asyncio.sleep(max(0.0, STEP_S - (clock.time() - started)))
+            await asyncio.sleep(max(0.0, self.step_s - (clock.time() - started)))
 
 
 def _error(message: str, err_type: str, code: int, param: str | None = None) -> JSONResponse:
