@@ -3,6 +3,7 @@
     spark-vllm init DIR [--requirement REQ]   a new project of your own in DIR
     spark-vllm status [--stack S] [--json] [--watch …]
     spark-vllm bench [--stack S] [--profile quick|spark] [--new-baseline] [--strict]
+    spark-vllm top [--stack S] [--interval 5] [--once]
     spark-vllm summary [--format text] [preview.json]
     spark-vllm teardown --node-gone NODE [--stack S]
 
@@ -96,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
                              "one was installed from)")
     for name, text in (("status", "what runs on every node; --watch repairs"),
                        ("bench", "a serving benchmark of the endpoint, against its baseline"),
+                       ("top", "a live view of the nodes, containers and vLLM's metrics"),
                        ("summary", "what a `pulumi preview --json` restarts, and why"),
                        ("teardown", "tear a stack down when a node is gone for good")):
         sub.add_parser(name, help=text, add_help=False)
@@ -110,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             from . import status
             return status.main(rest, prog="spark-vllm status")
+        if args.command == "top":
+            from . import top
+            return top.main(rest, prog="spark-vllm top")
         if args.command == "bench":
             from . import bench
             return bench.main(rest, prog="spark-vllm bench")

@@ -9,6 +9,7 @@ import shlex
 import time
 from typing import Any
 
+from . import top_data
 from .components import node_memory, ssh
 from .status_report import Report, _target, api_role, collect
 
@@ -110,11 +111,14 @@ def watch(stack: Any, interval: float, max_repairs: int, max_backoff: float,
                       f"then run `pulumi up --refresh --stack {stack.name}`", flush=True)
                 return NEEDS_A_PERSON
             repairs.append(time.monotonic())
+            why = "; ".join(report.problems())[:200]
             if _repair(stack) and collect(stack).serving:
                 print(f"[status] repaired: serving again ({len(repairs)} repair(s) in the "
                       f"last {repair_window / 60:.0f} min)", flush=True)
+                top_data.record_repair(stack.name, why, "serving again")
                 failures, wait = 0, interval
             else:
+                top_data.record_repair(stack.name, why, "still not serving")
                 failures += 1
                 wait = min(interval * 2 ** failures, max_backoff)
                 print(f"[status] next try in {wait:.0f} s ({len(repairs)}/{max_repairs} repairs "
