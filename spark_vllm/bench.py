@@ -83,6 +83,15 @@ def head_tokenizer(stack: Any, outputs: dict[str, Any], config: dict[str, Any], 
     return str(dest)
 
 
+def _default_text() -> str:
+    try:
+        return bench_load.default_text()
+    except OSError as err:  # requests' errors are OSErrors
+        raise errors.CliError(
+            f"cannot download llama-benchy's default corpus ({bench_load.DEFAULT_BOOK_URL}): "
+            f"{err}", "pass --corpus FILE (any long text: prompts are cut from it)") from None
+
+
 def main(argv: list[str] | None = None, prog: str = "spark-vllm bench") -> int:
     ap = argparse.ArgumentParser(prog=prog, description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -130,7 +139,7 @@ def _bench(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="spark-vllm-bench-") as tmp:
         tokenizer = args.tokenizer or head_tokenizer(stack, outputs, now["config"],
                                                      Path(tmp) / "tokenizer.json")
-        text = args.corpus.read_text() if args.corpus else bench_load.default_text()
+        text = args.corpus.read_text() if args.corpus else _default_text()
         try:
             load = bench_load.run(outputs["endpoint"], api_key, outputs["servedModelName"],
                                   tokenizer, text, profile,

@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from lab.cpu_tier.nodes import Nodes  # noqa: E402
 from lab.gpu import runner as gpu  # noqa: E402
+from lab.gpu import serving_bench  # noqa: E402
 from spark_vllm.components import spec as specmod  # noqa: E402
 from spark_vllm.components.render import api_key_commands, commands, liveness_commands  # noqa: E402
 from spark_vllm.components.render.backends import native as native_backend  # noqa: E402
@@ -317,6 +318,22 @@ class CpuTier(gpu.Tier):
             "worker": self.remove_on(s, 1, commands.WORKER),
             "head": self.remove_on(s, 0, commands.HEAD)})
 
+    def bench_part(self) -> None:
+        """TP 2 across the two nodes (Ray), served, then what `spark-vllm bench` and `top` read
+        (lab/gpu/serving_bench.py): /metrics, llama-benchy's stream, a small benchmark."""
+        s = self.spec2("ray")
+        vllm = commands.container_name(s, commands.VLLM)
+        self.record("bench_head_start", lambda: self.head_up(s))
+        self.record("bench_worker_start", lambda: self.worker_up(s))
+        self.record("bench_gate", lambda: self.gate2(s))
+        self.record("bench_serve", lambda: {**self.vllm_up(s), "log": self.node_log(vllm, "n0")})
+        serving_bench.record(self, s.served_name, serving_bench.tokenizer_of(self.hf, MODEL),
+                             (REPO / "README.md").read_text())
+        self.record("bench_cleanup", lambda: {
+            "vllm": self.remove_on(s, 0, commands.VLLM),
+            "worker": self.remove_on(s, 1, commands.WORKER),
+            "head": self.remove_on(s, 0, commands.HEAD)})
+
     def incident_part(self) -> None:
         """The seeds' incident: Ray's nodes registered under their LAN addresses (as the seeds'
         head registered under its external IP), vLLM started the seeds' way (the V1 Ray
@@ -405,7 +422,7 @@ class CpuTier(gpu.Tier):
 ROTATED = "sk-cpu-tier-rotated"
 
 PARTS = {"incident": CpuTier.incident_part, "ray": CpuTier.ray_part,
-         "native": CpuTier.native_part}
+         "native": CpuTier.native_part, "bench": CpuTier.bench_part}
 
 
 def main() -> None:
