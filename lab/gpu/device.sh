@@ -30,6 +30,15 @@ if [ ! -f "$SITE/.ready" ]; then
   echo "[device] wheels checked and installed in $(( $(date +%s) - t0 )) s"
 fi
 export SPARK_VLLM_COMMIT=$(cat .commit 2>/dev/null || echo unknown)  # prepare.sh writes it
+if [ "$part" = bench ]; then  # issue 49: llama-benchy's wheel travels beside the stash
+  if [ ! -f "$SITE/llama_benchy/__init__.py" ]; then
+    (cd .gpu-stash && sha256sum -c --quiet "$repo/lab/gpu/wheels-bench.lock")
+    python3 -m pip install -q --no-index --no-deps --target "$SITE" .gpu-stash/llama_benchy-*.whl
+  fi
+  PYTHONPATH="$SITE" python3 lab/gpu/tiny_model.py "$HF" dense
+  PYTHONPATH="$SITE" python3 lab/gpu/bench_part.py --out "$OUT" 2>&1 | tee "$OUT/runner-bench.log"
+  exit 0
+fi
 if [ "$part" = real-scale ]; then  # issue 45: resumable over calls made back to back
   PYTHONPATH="$SITE" python3 lab/gpu/real_scale.py --hf "$HF" --out "$OUT" --state /root/rs \
     --until "${UNTIL:-$(( $(date +%s) + 540 ))}" --cases "${CASES:-}"

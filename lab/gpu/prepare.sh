@@ -23,5 +23,8 @@ room=$(( (63 << 20) - tree ))
 size=$(stat -c %s "$CACHE/wheels.tar")
 split -n $(( (size + room - 1) / room )) -d "$CACHE/wheels.tar" .gpu-stash/wheels.tar.
 rm -f "$CACHE/wheels.tar"
+# llama-benchy for part bench (`spark-vllm bench`'s load; the machine has its dependencies)
+python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu-stash llama-benchy==0.4.0
+(cd .gpu-stash && sha256sum -c --quiet "$OLDPWD/lab/gpu/wheels-bench.lock")
 git rev-parse HEAD > .commit  # the runner records it (the device gets no .git)
 ls -l .gpu-stash

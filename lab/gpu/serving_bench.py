@@ -61,10 +61,11 @@ def metrics_text(base: str, key: str) -> str:
         return str(resp.read().decode(errors="replace"))
 
 
-def bench_run(base: str, key: str, served: str, tokenizer: str, text: str) -> dict[str, Any]:
-    load = bench_load.run(f"{base}/v1", key, served, tokenizer, text, PROFILE,
+def bench_run(base: str, key: str, served: str, tokenizer: str, text: str,
+              profile: bench_load.Profile = PROFILE) -> dict[str, Any]:
+    load = bench_load.run(f"{base}/v1", key, served, tokenizer, text, profile,
                           progress=lambda s: print(f"[bench] {s}", flush=True))
-    return {"profile": PROFILE.describe(), "llamaBenchy": load.benchy_version,
+    return {"profile": profile.describe(), "llamaBenchy": load.benchy_version,
             "figures": {str(k): v for k, v in bench_report.figures(load.requests).items()},
             "requests": [r.as_dict() for r in load.requests], "benchyTable": load.benchy_table}
 
