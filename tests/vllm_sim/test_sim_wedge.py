@@ -96,7 +96,8 @@ def watch(s: Serve, seconds: float) -> list[dict]:
 
 
 def test_streaming_sends_the_first_chunk_before_the_end(tp2):
-    # the first chunk comes with the first token, the rest when the request is done
+    # the first chunk comes with the first token, then one per engine step (as vLLM's stream
+    # generator sends one per engine output), the text over time
     probe = StreamProbe(tp2.url, "/v1/chat/completions",
                         {**LONG, "max_tokens": 400, "stream": True})
     probe.join(60)
@@ -104,7 +105,12 @@ def test_streaming_sends_the_first_chunk_before_the_end(tp2):
     assert json.loads(probe.events[0][1])["choices"][0]["delta"] == {"role": "assistant",
                                                                     "content": ""}
     assert last - first > 0.3, probe.events  # 50 steps of >= 10 ms between them
-    assert done_text(probe).endswith("you said: go on")
+    texts = [t for t, data in probe.events[1:-2]
+             if (json.loads(data)["choices"][0].get("delta") or {}).get("content")]
+    assert len(texts) == 50 and texts[-1] - texts[0] > 0.3  # 400 tokens, 8 a step
+    # the canned answer first, its words again for the tokens past its end (ignore_eos)
+    assert "you said: go on" in done_text(probe)
+    assert done_text(probe).startswith("vllm-sim (simulator, no inference)")
     usage = json.loads(probe.events[-2][1])["usage"]
     assert usage["completion_tokens"] == 400
 

@@ -104,6 +104,8 @@ class _Request:
     done: asyncio.Future[None]
     # set when a step produced the request's first token (or the engine failed it)
     first: asyncio.Event = field(default_factory=asyncio.Event)
+    # how many tokens each step gave it, in order (a stream sends one chunk per step)
+    produced: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
 
 
 class _Engine:
@@ -149,6 +151,21 @@ class _Engine:
     async def finished(self, req: _Request) -> None:
         await req.done
 
+    async def next_tokens(self, req: _Request) -> int | None:
+        """The tokens the request's next step gave it; None once it is done. Raises the
+        engine's error when the engine failed it."""
+        while True:
+            if not req.produced.empty():
+                return req.produced.get_nowait()
+            if req.done.done():
+                await req.done
+                return None
+            got = asyncio.ensure_future(req.produced.get())
+            await asyncio.wait({got, req.done}, return_when=asyncio.FIRST_COMPLETED)
+            if got.done():
+                return got.result()
+            got.cancel()
+
     def _fail_all(self, err: Exception) -> None:
         for req in [*self.running, *self.waiting, *self.incoming]:
             if not req.done.done():
@@ -175,6 +192,7 @@ class _Engine:
                 n = min(req.tokens_left, TOKENS_PER_STEP)
                 req.tokens_left -= n
                 self.state.generation_tokens_total += n
+                req.produced.put_nowait(n)
                 req.first.set()
                 if req.tokens_left <= 0:
                     self.running.remove(req)
@@ -390,7 +408,8 @@ def build_app(state: ServerState) -> FastAPI:
             return StreamingResponse(
                 _stream(engine, completion_tokens, prompt_tokens,
                         rid, created, model, text, usage, chat,
-                        "reasoning" if message.get("reasoning") else "content"),
+                        "reasoning" if message.get("reasoning") else "content",
+                        token_ids=bool(body.get("return_token_ids"))),
                 media_type="text/event-stream"
             )
         state.running += 1
@@ -542,19 +561,26 @@ def _engine_error() -> JSONResponse:
     return _error(ENGINE_ERROR, "InternalServerError", 500)
 
 
-def _split_first(text: str) -> tuple[str, str]:
-    """The first token's text (the first word and its space) and the rest."""
-    head, sep, tail = text.partition(" ")
-    return head + sep, tail
+def _pieces(text: str, tokens: int) -> list[str]:
+    """The canned text as its tokens' texts, each word with the space after it; when the
+    request asks for more tokens than the text has words (ignore_eos), the words again, so
+    that every token has a text as a real model's has."""
+    words = text.split(" ")
+    n = max(tokens, len(words))
+    return [words[i % len(words)] + ("" if i == n - 1 else " ") for i in range(n)]
 
 
 async def _stream(engine: _Engine, completion_tokens: int, prompt_tokens: int,
                   rid: str, created: int, model: str, text: str, usage: dict[str, int],
-                  chat: bool, field_name: str = "content") -> AsyncIterator[str]:
-    """Server-sent events in two phases: the first chunk(s) when the first engine step gave
-    the request its first token (vLLM's chat_completion_stream_generator sends its first
-    chunk, the role's, in its first iteration over the engine's outputs), the rest when it is
-    done. An engine failure after the 200 is an error event, then [DONE] (as vLLM's
+                  chat: bool, field_name: str = "content",
+                  token_ids: bool = False) -> AsyncIterator[str]:
+    """Server-sent events as vLLM's stream generator sends them: the role's chunk, then one
+    chunk per engine step that gave the request tokens (that step's text, and with
+    `return_token_ids` its token ids: vllm/entrypoints/openai/chat_completion/serving.py,
+    0.26.0), then the finish chunk with the usage. The canned text is cut into the tokens'
+    texts (repeated past its end: _pieces), and a request cut short by max_tokens gets the
+    rest of the text in its last step (the text stays whole). An engine
+    failure after the 200 is an error event, then [DONE] (as vLLM's
     create_streaming_error_response)."""
     obj = "chat.completion.chunk" if chat else "text_completion"
     state = engine.state
@@ -571,7 +597,8 @@ async def _stream(engine: _Engine, completion_tokens: int, prompt_tokens: int,
             payload["usage"] = usage
         return f"data: {json.dumps(payload)}\n\n"
 
-    first, rest = _split_first(text)
+    pieces = _pieces(text, completion_tokens)
+    sent = 0  # tokens sent
     state.running += 1
     req = engine.submit(completion_tokens)
     try:
@@ -584,23 +611,28 @@ async def _stream(engine: _Engine, completion_tokens: int, prompt_tokens: int,
             yield chunk(
                 {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
             )
-            yield chunk({"index": 0, "delta": {field_name: first}, "finish_reason": None})
-        else:
-            yield chunk({"index": 0, "text": first, "finish_reason": None})
-        try:
-            await engine.finished(req)
-        except RuntimeError:
-            yield _error_event()
-            return
+        while True:
+            try:
+                n = await engine.next_tokens(req)
+            except RuntimeError:
+                yield _error_event()
+                return
+            if n is None:
+                break
+            last = sent + n >= completion_tokens
+            piece = "".join(pieces[sent:] if last else pieces[sent:sent + n])
+            choice: dict[str, Any] = ({"index": 0, "delta": {field_name: piece}} if chat
+                                      else {"index": 0, "text": piece})
+            choice["finish_reason"] = None
+            if token_ids:
+                choice["token_ids"] = [1000 + i for i in range(sent, sent + n)]
+            sent += n
+            yield chunk(choice)
         state.success_total += 1
         state.prompt_tokens_total += prompt_tokens
         if chat:
-            if rest:
-                yield chunk({"index": 0, "delta": {field_name: rest}, "finish_reason": None})
             yield chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, with_usage=True)
         else:
-            if rest:
-                yield chunk({"index": 0, "text": rest, "finish_reason": None})
             yield chunk({"index": 0, "text": "", "finish_reason": "stop"}, with_usage=True)
         yield "data: [DONE]\n\n"
     finally:
