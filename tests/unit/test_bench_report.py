@@ -99,3 +99,35 @@ def test_the_profiles_are_fixed_and_named() -> None:
     spark = PROFILES["spark"]
     assert (spark.prompt_tokens, spark.output_tokens, spark.concurrency, spark.runs,
             spark.seed) == (2048, 128, (1, 2, 4, 8), 3, 0)
+
+
+def test_the_deployment_snapshot_keeps_no_secret_and_no_env_value() -> None:
+    """What a run keeps of the stack: the image and every non-secret config key; the three
+    secrets (and any value the CLI marks secret) never, env values only as digests."""
+    from dataclasses import dataclass
+
+    from spark_vllm import bench
+
+    @dataclass
+    class Value:
+        value: str
+        secret: bool = False
+
+    class Stack:
+        def get_all_config(self) -> dict[str, Value]:
+            return {"spark-vllm:image": Value("img:a"),
+                    "spark-vllm:vllmArgs": Value('["--max-num-seqs", "64"]'),
+                    "spark-vllm:env": Value('{"NCCL_DEBUG": "WARN", "MY_TOKEN": "hunter2"}'),
+                    "spark-vllm:apiKey": Value("sk-live-1", secret=True),
+                    "spark-vllm:sshPrivateKey": Value("-----BEGIN", secret=True),
+                    "spark-vllm:somethingSecret": Value("s3", secret=True),
+                    "aws:region": Value("us-east-1")}
+
+    snap = bench.deployment(Stack(), {"image": {"name": "img:a", "id": "sha256:1"}})
+    assert snap["image"] == {"name": "img:a", "id": "sha256:1"}
+    assert set(snap["config"]) == {"image", "vllmArgs", "env"}
+    assert snap["config"]["vllmArgs"] == ["--max-num-seqs", "64"]
+    text = json.dumps(snap)
+    for secret in ("sk-live-1", "-----BEGIN", "s3", "hunter2", "WARN"):
+        assert secret not in text
+    assert set(snap["config"]["env"]) == {"NCCL_DEBUG", "MY_TOKEN"}
