@@ -24,8 +24,7 @@ import os
 import secrets
 import time
 import uuid
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +33,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from vllm_sim import simulated_version
+from vllm_sim.engine_core import EngineCore
 from vllm_sim.logger import init_logger
+from vllm_sim.streaming import ENGINE_ERROR, stream
 
 logger = init_logger(__name__)
 
@@ -78,136 +79,6 @@ class ServerState:
     generation_tokens_total: int = 0
 
 
-# The engine loop: one step generates this many tokens for every running request and takes
-# at least STEP_S: at most 400 tokens/s a request, real vLLM 0.26.0's pace with the tiny
-# model on an H200 (tests/fixtures/real-vllm: 380-510 tokens/s a request, 16 or 64 running;
-# 16 requests of 1500 tokens still in flight 3 s after they were sent, and a long queue
-# holding a canary for more than 10 s behind 4 batches of them, seen by the liveness read as
-# busy). Was 800 tokens/s: those requests were done before the rank was frozen, and the
-# canary came in 7 s (serving).
-TOKENS_PER_STEP = 8
-STEP_S = 0.02
-
-
-def step_s() -> float:
-    """A step's least duration: STEP_S, or VLLM_SIM_STEP_S (simulator-only): a slower build to
-    play, e.g. an image whose serving regressed, for the serving benchmark to name."""
-    try:
-        return max(0.0, float(os.environ.get("VLLM_SIM_STEP_S") or STEP_S))
-    except ValueError:
-        return STEP_S
-
-
-@dataclass(eq=False)
-class _Request:
-    tokens_left: int
-    done: asyncio.Future[None]
-    # set when a step produced the request's first token (or the engine failed it)
-    first: asyncio.Event = field(default_factory=asyncio.Event)
-    # how many tokens each step gave it, in order (a stream sends one chunk per step)
-    produced: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
-
-
-class _Engine:
-    """The simulated engine core, vLLM V1's loop in miniature: new requests reach the
-    scheduler between steps (the engine core's input queue), which runs at most max_num_seqs
-    of them per step and keeps the rest waiting, first come first served (vllm/v1/core/sched/
-    scheduler.py: `running`, `waiting`). A step runs on every rank, so one frozen rank stops
-    it. The gauges are published when a step ends (SchedulerStats, made after the step's
-    outputs), so a step that never ends leaves them at their last value."""
-
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-        self.incoming: list[_Request] = []  # arrived since the scheduler last looked
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
-        self.task: asyncio.Task[None] | None = None
-        self.step_s = step_s()
-
-    def submit(self, tokens: int) -> _Request:
-        loop = asyncio.get_running_loop()
-        req = _Request(max(tokens, 1), loop.create_future())
-        self.incoming.append(req)
-        if self.task is None or self.task.done():
-            self.task = loop.create_task(self._loop())
-        return req
-
-    def abort(self, req: _Request) -> None:
-        """The client went away: the request leaves the engine (vLLM aborts it too)."""
-        for queue in (self.incoming, self.waiting, self.running):
-            if req in queue:
-                queue.remove(req)
-        if not req.done.done():
-            req.done.cancel()
-        req.first.set()
-
-    async def first_token(self, req: _Request) -> None:
-        """Returns once a step produced the request's first token; raises if the engine
-        failed it first."""
-        await req.first.wait()
-        if req.done.done() and not req.done.cancelled() and req.done.exception() is not None:
-            await req.done  # raises the engine's error
-
-    async def finished(self, req: _Request) -> None:
-        await req.done
-
-    async def next_tokens(self, req: _Request) -> int | None:
-        """The tokens the request's next step gave it; None once it is done. Raises the
-        engine's error when the engine failed it."""
-        while True:
-            if not req.produced.empty():
-                return req.produced.get_nowait()
-            if req.done.done():
-                await req.done
-                return None
-            got = asyncio.ensure_future(req.produced.get())
-            await asyncio.wait({got, req.done}, return_when=asyncio.FIRST_COMPLETED)
-            if got.done():
-                return got.result()
-            got.cancel()
-
-    def _fail_all(self, err: Exception) -> None:
-        for req in [*self.running, *self.waiting, *self.incoming]:
-            if not req.done.done():
-                req.done.set_exception(RuntimeError(f"engine step failed: {err}"))
-            req.first.set()
-        self.running.clear()
-        self.waiting.clear()
-        self.incoming.clear()
-
-    async def _loop(self) -> None:
-        clock = asyncio.get_running_loop()
-        while self.incoming or self.waiting or self.running:
-            started = clock.time()
-            self.waiting.extend(self.incoming)
-            self.incoming.clear()
-            while self.waiting and len(self.running) < self.state.max_num_seqs:
-                self.running.append(self.waiting.popleft())
-            try:
-                await asyncio.to_thread(self.state.step)
-            except Exception as err:  # noqa: BLE001 - a dead rank: every request fails
-                self._fail_all(err)
-                break
-            for req in list(self.running):
-                n = min(req.tokens_left, TOKENS_PER_STEP)
-                req.tokens_left -= n
-                self.state.generation_tokens_total += n
-                req.produced.put_nowait(n)
-                req.first.set()
-                if req.tokens_left <= 0:
-                    self.running.remove(req)
-                    if not req.done.done():
-                        req.done.set_result(None)
-            self.state.published_running = len(self.running)
-            self.state.published_waiting = len(self.waiting)
-            # The pace (a step takes at least STEP_S) is kept after the step's outputs are
-            # out, not before: what every rank answered is published at once, so a rank
-            # stopped (SIGSTOP) after its step stops the counters at once, as on vLLM 0.26.0
-            # (tests/fixtures/real-vllm: no token after the stop). Was: the step and STEP_S's
-            # sleep together, so a step answered just before the stop came out after it.
-            await asyncio.sleep(max(0.0, self.step_s - (clock.time() - started)))
-
-
 def _error(message: str, err_type: str, code: int, param: str | None = None) -> JSONResponse:
     body = {"error": {"message": message, "type": err_type, "param": param, "code": code}}
     return JSONResponse(body, status_code=code)
@@ -248,7 +119,7 @@ def _v2_token_ok(header: str | None, keys: list[str]) -> bool:
 
 def build_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="vllm-sim", version=simulated_version())
-    engine = _Engine(state)
+    engine = EngineCore(state)
 
     # Added first, so it runs last, after the authentication below and any --middleware.
     @app.middleware("http")
@@ -406,7 +277,7 @@ def build_app(state: ServerState) -> FastAPI:
             # first iterated by the stream generator); the 200 and the headers go out at once,
             # the first chunk when the first engine step produced a token.
             return StreamingResponse(
-                _stream(engine, completion_tokens, prompt_tokens,
+                stream(engine, completion_tokens, prompt_tokens,
                         rid, created, model, text, usage, chat,
                         "reasoning" if message.get("reasoning") else "content",
                         token_ids=bool(body.get("return_token_ids"))),
@@ -554,94 +425,5 @@ def _rank_env_summary(report: dict[str, Any]) -> str:
     return f"r{report['rank']}@{report['node_ip']}[{' '.join(parts)}]"
 
 
-ENGINE_ERROR = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-
-
 def _engine_error() -> JSONResponse:
     return _error(ENGINE_ERROR, "InternalServerError", 500)
-
-
-def _pieces(text: str, tokens: int) -> list[str]:
-    """The canned text as its tokens' texts, each word with the space after it; when the
-    request asks for more tokens than the text has words (ignore_eos), the words again, so
-    that every token has a text as a real model's has."""
-    words = text.split(" ")
-    n = max(tokens, len(words))
-    return [words[i % len(words)] + ("" if i == n - 1 else " ") for i in range(n)]
-
-
-async def _stream(engine: _Engine, completion_tokens: int, prompt_tokens: int,
-                  rid: str, created: int, model: str, text: str, usage: dict[str, int],
-                  chat: bool, field_name: str = "content",
-                  token_ids: bool = False) -> AsyncIterator[str]:
-    """Server-sent events as vLLM's stream generator sends them: the role's chunk, then one
-    chunk per engine step that gave the request tokens (that step's text, and with
-    `return_token_ids` its token ids: vllm/entrypoints/openai/chat_completion/serving.py,
-    0.26.0), then the finish chunk with the usage. The canned text is cut into the tokens'
-    texts (repeated past its end: _pieces), and a request cut short by max_tokens gets the
-    rest of the text in its last step (the text stays whole). An engine
-    failure after the 200 is an error event, then [DONE] (as vLLM's
-    create_streaming_error_response)."""
-    obj = "chat.completion.chunk" if chat else "text_completion"
-    state = engine.state
-
-    def chunk(choice: dict[str, Any], with_usage: bool = False) -> str:
-        payload: dict[str, Any] = {
-            "id": rid,
-            "object": obj,
-            "created": created,
-            "model": model,
-            "choices": [choice],
-        }
-        if with_usage:
-            payload["usage"] = usage
-        return f"data: {json.dumps(payload)}\n\n"
-
-    pieces = _pieces(text, completion_tokens)
-    sent = 0  # tokens sent
-    state.running += 1
-    req = engine.submit(completion_tokens)
-    try:
-        try:
-            await engine.first_token(req)
-        except RuntimeError:
-            yield _error_event()
-            return
-        if chat:
-            yield chunk(
-                {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            )
-        while True:
-            try:
-                n = await engine.next_tokens(req)
-            except RuntimeError:
-                yield _error_event()
-                return
-            if n is None:
-                break
-            last = sent + n >= completion_tokens
-            piece = "".join(pieces[sent:] if last else pieces[sent:sent + n])
-            choice: dict[str, Any] = ({"index": 0, "delta": {field_name: piece}} if chat
-                                      else {"index": 0, "text": piece})
-            choice["finish_reason"] = None
-            if token_ids:
-                choice["token_ids"] = [1000 + i for i in range(sent, sent + n)]
-            sent += n
-            yield chunk(choice)
-        state.success_total += 1
-        state.prompt_tokens_total += prompt_tokens
-        if chat:
-            yield chunk({"index": 0, "delta": {}, "finish_reason": "stop"}, with_usage=True)
-        else:
-            yield chunk({"index": 0, "text": "", "finish_reason": "stop"}, with_usage=True)
-        yield "data: [DONE]\n\n"
-    finally:
-        state.running -= 1
-        if not req.done.done():  # the client went away mid-stream
-            engine.abort(req)
-
-
-def _error_event() -> str:
-    body = {"error": {"message": ENGINE_ERROR, "type": "InternalServerError", "param": None,
-                      "code": 500}}
-    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n"
