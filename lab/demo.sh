@@ -64,6 +64,9 @@ with urllib.request.urlopen(req, timeout=60) as resp:
 print("assistant:", reply["choices"][0]["message"]["content"])
 PY
   step "done in $(elapsed); tear down with: make demo-down"
+  echo "serving benchmark and live view (docs/operations.md):"
+  echo "  source lab/env.sh && .venv/bin/spark-vllm bench --stack $STACK --profile quick"
+  echo "  source lab/env.sh && .venv/bin/spark-vllm top --stack $STACK"
   ;;
 down)
   if pulumi stack select "$STACK" >/dev/null 2>&1; then
