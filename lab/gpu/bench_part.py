@@ -35,6 +35,7 @@ def main() -> None:
     ap.add_argument("--ip", default="")
     ap.add_argument("--image-env", default="")
     args = ap.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     tier = Tier(args)
     tier.header("bench")
     s = tier.spec(model=MODEL, vllm_args=("--max-model-len", "4096",

@@ -79,7 +79,10 @@ def done_text(probe: StreamProbe) -> str:
     assert probe.events[-1][1] == "[DONE]", probe.events
     parts = []
     for _, data in probe.events[:-1]:
-        choice = json.loads(data)["choices"][0]
+        choices = json.loads(data)["choices"]
+        if not choices:  # the usage's own chunk
+            continue
+        choice = choices[0]
         parts.append(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
     return "".join(parts)
 
@@ -99,15 +102,16 @@ def test_streaming_sends_the_first_chunk_before_the_end(tp2):
     # the first chunk comes with the first token, then one per engine step (as vLLM's stream
     # generator sends one per engine output), the text over time
     probe = StreamProbe(tp2.url, "/v1/chat/completions",
-                        {**LONG, "max_tokens": 400, "stream": True})
+                        {**LONG, "max_tokens": 400, "stream": True,
+                         "stream_options": {"include_usage": True}})
     probe.join(60)
     first, last = probe.events[0][0], probe.events[-1][0]
     assert json.loads(probe.events[0][1])["choices"][0]["delta"] == {"role": "assistant",
                                                                     "content": ""}
     assert last - first > 0.3, probe.events  # 50 steps of >= 10 ms between them
-    texts = [t for t, data in probe.events[1:-2]
+    texts = [t for t, data in probe.events[1:-2]  # the usage's chunk and [DONE] after them
              if (json.loads(data)["choices"][0].get("delta") or {}).get("content")]
-    assert len(texts) == 50 and texts[-1] - texts[0] > 0.3  # 400 tokens, 8 a step
+    assert len(texts) == 400 and texts[-1] - texts[0] > 0.3  # a chunk per token, as vLLM
     # the canned answer first, its words again for the tokens past its end (ignore_eos)
     assert "you said: go on" in done_text(probe)
     assert done_text(probe).startswith("vllm-sim (simulator, no inference)")

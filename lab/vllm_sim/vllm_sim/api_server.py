@@ -244,6 +244,8 @@ def build_app(state: ServerState) -> FastAPI:
         # cut at max_tokens (the text itself stays whole: it is canned)
         completion_tokens = ((limit or 16) if body.get("ignore_eos")
                              else min(_count_tokens(text), limit or 1 << 30))
+        # "length" when max_tokens ended it (always with ignore_eos), as vLLM says
+        finish = "length" if limit is not None and completion_tokens >= limit else "stop"
         usage = {
             "prompt_tokens": prompt_tokens,
             "completion_tokens": completion_tokens,
@@ -267,11 +269,11 @@ def build_app(state: ServerState) -> FastAPI:
                 "index": 0,
                 "message": message,
                 "logprobs": None,
-                "finish_reason": "stop",
+                "finish_reason": finish,
             }
         else:
             rid, obj = f"cmpl-{uuid.uuid4().hex}", "text_completion"
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
         if body.get("stream"):
             # The request enters the engine when the stream starts (as vLLM's generate() is
             # first iterated by the stream generator); the 200 and the headers go out at once,
@@ -280,7 +282,9 @@ def build_app(state: ServerState) -> FastAPI:
                 stream(engine, completion_tokens, prompt_tokens,
                         rid, created, model, text, usage, chat,
                         "reasoning" if message.get("reasoning") else "content",
-                        token_ids=bool(body.get("return_token_ids"))),
+                        token_ids=bool(body.get("return_token_ids")), finish=finish,
+                        include_usage=bool((body.get("stream_options") or {})
+                                           .get("include_usage"))),
                 media_type="text/event-stream"
             )
         state.running += 1
