@@ -6,8 +6,10 @@ Per concurrency level, from every request llama-benchy made (bench_load.py):
   the median over the batches;
 - requests/s: the batch's requests over the same wall time, the median;
 - TTFT: each request's time to its first token, p50 and p99 over every request;
-- ITL: the gaps between a request's successive tokens (llama-benchy spreads the tokens of one
-  stream chunk over the time since the previous one), p50 and p99 over every gap;
+- ITL: each request's time from its first token to its last over the tokens after the first
+  ((end - first token) / (tokens - 1): guidellm's inter-token latency, vLLM's TPOT), p50 and
+  p99 over the requests. Gaps between single chunks are not used: a client reading a fast
+  stream gets several chunks in one read, with one arrival time;
 - errors: requests that failed.
 A figure worse than the baseline's by more than the profile's margin is a regression, named
 with both figures and with what changed in the stack since the baseline.
@@ -61,12 +63,13 @@ def figures(requests: Iterable[Request]) -> dict[int, dict[str, float]]:
                 req_s.append(len(ok) / wall)
         good = [r for r in reqs if not r.error and r.first_token is not None]
         ttft = [(r.first_token or r.start) - r.start for r in good]
-        gaps = [b - a for r in good for a, b in zip(r.token_times, r.token_times[1:], strict=False)]
+        itl = [(r.end - (r.first_token or r.start)) / (r.tokens - 1) for r in good
+               if r.tokens > 1]
         out[level] = {
             "outputTokensPerS": statistics.median(tok_s) if tok_s else 0.0,
             "requestsPerS": statistics.median(req_s) if req_s else 0.0,
             "ttftP50Ms": percentile(ttft, 50) * 1000, "ttftP99Ms": percentile(ttft, 99) * 1000,
-            "itlP50Ms": percentile(gaps, 50) * 1000, "itlP99Ms": percentile(gaps, 99) * 1000,
+            "itlP50Ms": percentile(itl, 50) * 1000, "itlP99Ms": percentile(itl, 99) * 1000,
             "requests": float(len(reqs)), "errors": float(len(reqs) - len(good)),
         }
     return out
