@@ -192,7 +192,10 @@ def chart(run: dict[str, Any], baseline: dict[str, Any] | None, path: Path) -> N
                    color="tab:green", label=f"ITL p50, {label}")
     left.set(title="Throughput", xlabel="concurrency", ylabel="output tokens/s")
     right.set(title="Latency", xlabel="concurrency", ylabel="ms")
+    levels = sorted({int(k) for _, data, _, _ in series for k in data["figures"]})
     for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [str(n) for n in levels])
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"spark-vllm bench: {run['stack']} ({run['model']}), {run['profile']}",
