@@ -182,8 +182,9 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: b
     except ssh.NodeUnreachableError as err:
         return [], str(err), None, "", ""
     text, _, ray_text = proc.stdout.partition("---ray\n")
-    text, _, image_text = text.partition("---image\n")
+    # the script's sections in its order: containers, ---image, ---cache (each optional)
     text, _, cache_text = text.partition("---cache\n")
+    text, _, image_text = text.partition("---image\n")
     views = []
     by_name = {line.split("|")[0].lstrip("/"): line.split("|") for line in text.splitlines()
                if "|" in line}

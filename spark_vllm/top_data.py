@@ -131,9 +131,10 @@ def fabric_verdict(outputs: dict[str, Any]) -> str:
         return "no check recorded"
     outcome = summary.get("outcome") or "unknown"
     when = summary.get("checkedAt") or ""
-    message = str(summary.get("message") or "").splitlines()[0:1]
-    return (f"{outcome}{f' ({when})' if when else ''}"
-            f"{f': {message[0][:100]}' if message else ''}")
+    message = " ".join(str(summary.get("message") or "").split())
+    if len(message) > 100:
+        message = message[:99].rsplit(" ", 1)[0] + " …"
+    return f"{outcome}{f' ({when})' if when else ''}{f': {message}' if message else ''}"
 
 
 def snapshot(stack: Any, api_key: str | None, previous: Snapshot | None) -> Snapshot:
