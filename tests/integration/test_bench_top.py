@@ -27,6 +27,7 @@ import pytest
 from lab import cluster, config
 from tests.integration.conftest import API_KEY, _teardown, start_lab
 from tests.integration.engine import REPO, STACK, Lab, engine_env, node_sh
+from tests.integration.test_day2 import status
 from tests.integration.test_lifecycle import assert_serving, lab_identities, ok
 
 pytestmark = pytest.mark.integration
@@ -42,6 +43,10 @@ def lab() -> Iterator[Lab]:
         lab = start_lab(2)
         ok(lab.up())
         assert_serving(lab, lab_identities())
+        # a healthy stack's status names no image mismatch and reads the compile cache (it
+        # once read the image's id with the cache's section after it: a mismatch on every node)
+        code, report = status()
+        assert code == 0 and report["image"]["mismatch"] == {}, report
         yield lab
     finally:
         subprocess.run(["tmux", "kill-session", "-t", TMUX], capture_output=True)
