@@ -14,8 +14,12 @@ one screen as text and exits (for a script, or a terminal without a TUI).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import shlex
 import sys
+import threading
+import time
+from collections.abc import Callable
 from typing import Any
 
 from . import errors, top_data
@@ -45,8 +49,9 @@ def container_log(snap: top_data.Snapshot, index: int) -> tuple[str, str]:
 
 
 def make_app(stack: Any, api_key: str | None, interval: float) -> Any:
-    """The textual app (run it with .run(); a test drives it with .run_test())."""
-    from textual import work
+    """The textual app (run it with .run(); a test drives it with .run_test()). The nodes are
+    read in daemon threads of its own, not textual's workers: a read that waits on a cut
+    node's SSH (up to its dial timeouts) never holds `q` back."""
     from textual.app import App, ComposeResult
     from textual.containers import VerticalScroll
     from textual.widgets import Static
@@ -59,6 +64,15 @@ def make_app(stack: Any, api_key: str | None, interval: float) -> Any:
             super().__init__()
             self.snap: top_data.Snapshot | None = None
             self.log_index = -1
+            self.reading = threading.Event()  # a read of the nodes is under way
+
+        def in_background(self, read: Callable[[], Any], then: Callable[[Any], None]) -> None:
+            def run() -> None:
+                result = read()
+                with contextlib.suppress(RuntimeError):  # the app has quit meanwhile
+                    self.call_from_thread(then, result)
+
+            threading.Thread(target=run, daemon=True).start()
 
         def compose(self) -> ComposeResult:
             with VerticalScroll():
@@ -71,12 +85,23 @@ def make_app(stack: Any, api_key: str | None, interval: float) -> Any:
             self.refresh_data()
             self.set_interval(interval, self.refresh_data)
 
-        @work(thread=True, exclusive=True)
         def refresh_data(self) -> None:
-            snap = top_data.snapshot(stack, api_key, self.snap)
-            self.call_from_thread(self.show, snap)
+            if self.reading.is_set():  # the last read is still going: one at a time
+                return
+            self.reading.set()
+            previous = self.snap
+
+            def read() -> top_data.Snapshot:
+                try:
+                    return top_data.snapshot(stack, api_key, previous)
+                except Exception as err:  # noqa: BLE001 - a line on the screen, then a retry
+                    return top_data.Snapshot(stack.name, time.strftime("%T"),
+                                             problem=f"{type(err).__name__}: {err}")
+
+            self.in_background(read, self.show)
 
         def show(self, snap: top_data.Snapshot) -> None:
+            self.reading.clear()
             self.snap = snap
             self.query_one("#screen", Static).update("\n".join(top_data.render(snap)))
 
@@ -87,12 +112,8 @@ def make_app(stack: Any, api_key: str | None, interval: float) -> Any:
             if self.snap is None:
                 return
             self.log_index += 1
-            self.load_logs(self.snap, self.log_index)
-
-        @work(thread=True, exclusive=True, group="logs")
-        def load_logs(self, snap: top_data.Snapshot, index: int) -> None:
-            title, text = container_log(snap, index)
-            self.call_from_thread(self.show_logs, f"{title}\n{text}")
+            snap, index = self.snap, self.log_index
+            self.in_background(lambda: "\n".join(container_log(snap, index)), self.show_logs)
 
         def show_logs(self, text: str) -> None:
             logs = self.query_one("#logs", Static)
