@@ -5,6 +5,7 @@ node under, so the placement group's `node:<ip>` pin can never be met and vLLM w
 fails. Wait bounds are shortened with VLLM_SIM_PG_WAIT_TIMEOUT.
 """
 
+import json
 import os
 import signal
 import time
@@ -139,7 +140,10 @@ class TestServesWhenIdentitiesAgree:
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line for line in r.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "data: [DONE]"
-        assert "you said: stream it" in r.text
+        # one chunk per token, as vLLM streams: the text is the deltas' together
+        deltas = [json.loads(e[6:])["choices"][0]["delta"] for e in events[:-1]]
+        assert len(deltas) > 2
+        assert "you said: stream it" in "".join(d.get("content") or "" for d in deltas)
 
     def test_unknown_model_is_404_like_vllm(self, server: Serve):
         r = requests.post(
