@@ -172,7 +172,14 @@ def run(endpoint: str, api_key: str | None, served_model: str, tokenizer: str, t
         said = io.StringIO()
         try:
             with contextlib.redirect_stdout(said):
-                asyncio.run(BenchmarkRunner(config, client, Prompts(corpus)).run_suite())
+                # a loop of its own, not asyncio.run: that leaves the thread with no event loop,
+                # and a caller's later asyncio.get_event_loop() (Pulumi's runtime) fails
+                loop = asyncio.new_event_loop()
+                try:
+                    loop.run_until_complete(
+                        BenchmarkRunner(config, client, Prompts(corpus)).run_suite())
+                finally:
+                    loop.close()
         except SystemExit:  # llama-benchy's way to stop: it printed why
             lines = [ln for ln in said.getvalue().splitlines() if ln.strip()]
             raise LoadError("; ".join(lines[-2:]) or "llama-benchy stopped") from None

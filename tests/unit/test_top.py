@@ -115,7 +115,11 @@ def test_the_app_refreshes_shows_logs_and_quits(monkeypatch: pytest.MonkeyPatch)
             await pilot.press("q")
         return seen
 
-    first, second, logs = asyncio.run(drive())
+    loop = asyncio.new_event_loop()  # not asyncio.run: it leaves the thread without a loop
+    try:
+        first, second, logs = loop.run_until_complete(drive())
+    finally:
+        loop.close()
     assert "vLLM SERVING" in first
     assert "vLLM WEDGED" in second and "node-2  UNREACHABLE: cut" in second
     assert "log line 0" in logs
