@@ -28,7 +28,7 @@ from typing import Any
 from . import bench_load, bench_report, errors
 from .components import ssh
 from .status import project_dir, select_stack
-from .status_report import NAMESPACE, config_secret
+from .status_report import NAMESPACE, _target, config_secret
 
 SECRET_KEYS = ("apiKey", "sshPrivateKey", "hfToken")
 
@@ -65,11 +65,8 @@ def head_tokenizer(stack: Any, outputs: dict[str, Any], config: dict[str, Any], 
     script = (f"r={shlex.quote(repo)}; rev={shlex.quote(revision)}; "
               'c=$(cat "$r/refs/$rev" 2>/dev/null || echo "$rev"); '
               'cat "$r/snapshots/$c/tokenizer.json"')
-    target = ssh.Target(node=head["name"], host=head["host"], port=int(head["port"]),
-                        user=head["user"], private_key=key or "",
-                        host_key=head.get("hostKey") or None)
     try:
-        proc = ssh.run(target, script, timeout=60)
+        proc = ssh.run(_target(head, key or ""), script, timeout=60)
     except ssh.NodeUnreachableError as err:
         raise errors.CliError(f"cannot read the model's tokenizer from the head: {err}",
                               "pass --tokenizer PATH (a tokenizer.json, or the model's "
