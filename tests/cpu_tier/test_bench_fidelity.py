@@ -7,7 +7,6 @@ for it, and a small benchmark: lab/gpu/serving_bench.py), run here against vllm-
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,7 +16,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from lab.gpu import serving_bench  # noqa: E402
-from tests.cpu_tier.tier import run_runner  # noqa: E402
+from tests.cpu_tier.tier import run_against_sim  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real Ray across two network namespaces
 
@@ -31,17 +30,8 @@ DEADLINE_S = 300
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
     real = json.loads(RECORDED.read_text())
     out = tmp_path_factory.mktemp("cpu-tier-bench-sim")
-    hf = out / "hf"
-    subprocess.run([sys.executable, str(REPO / "lab/model_gen.py"), "--hf-home", str(hf),
-                    "--repo", "spark-vllm/tiny-dense", "--size", "1000000", "--shards", "2"],
-                   check=True, capture_output=True, timeout=120)
-    argv = [sys.executable, str(REPO / "lab/cpu_tier/runner.py"), "--out", str(out),
-            "--venv", sys.prefix, "--hf", str(hf), "--sim", real["header"]["vllm"].split("+")[0],
-            "--part", "bench"]
-    proc = run_runner(argv, DEADLINE_S, "the CPU tier's bench part against vllm-sim")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    sim = json.loads((out / "observations-cpu.json").read_text())
-    assert json.loads((out / "leftovers.json").read_text()) == []
+    sim = run_against_sim(out, ("bench",), real["header"]["vllm"].split("+")[0], DEADLINE_S,
+                          "the CPU tier's bench part against vllm-sim")
     return serving_bench.facts(real), serving_bench.facts(sim)
 
 

@@ -8,7 +8,6 @@ on the other node frozen and killed. Needs root (namespaces), as CI has."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 from lab.cpu_tier import facts  # noqa: E402
-from tests.cpu_tier.tier import run_runner  # noqa: E402
+from tests.cpu_tier.tier import run_against_sim  # noqa: E402
 
 pytestmark = pytest.mark.slow  # real Ray (and real vLLM) across two network namespaces
 
@@ -47,18 +46,8 @@ PARTS = ("incident", "ray", "native")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], dict[str, Any]]:
     real = facts.load(RECORDED)
     out = tmp_path_factory.mktemp("cpu-tier-sim")
-    hf = out / "hf"  # the simulator reads the files' names and sizes, not their weights
-    subprocess.run([sys.executable, str(REPO / "lab/model_gen.py"), "--hf-home", str(hf),
-                    "--repo", "spark-vllm/tiny-dense", "--size", "1000000", "--shards", "2"],
-                   check=True, capture_output=True, timeout=120)
-    argv = [sys.executable, str(REPO / "lab/cpu_tier/runner.py"), "--out", str(out),
-            "--venv", sys.prefix, "--hf", str(hf), "--sim", real["header"]["vllm"].split("+")[0]]
-    for part in PARTS:
-        argv += ["--part", part]
-    proc = run_runner(argv, DEADLINE_S, "the CPU tier against vllm-sim")
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
-    sim = json.loads((out / "observations-cpu.json").read_text())
-    assert json.loads((out / "leftovers.json").read_text()) == []
+    sim = run_against_sim(out, PARTS, real["header"]["vllm"].split("+")[0], DEADLINE_S,
+                          "the CPU tier against vllm-sim")
     return facts.facts(real), facts.facts(sim)
 
 

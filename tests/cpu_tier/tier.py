@@ -3,7 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +37,23 @@ def run_runner(argv: list[str], deadline_s: float, what: str) -> subprocess.Comp
     except subprocess.TimeoutExpired as err:
         Nodes().down()
         pytest.fail(f"{what} ran past {deadline_s} s:\n{str(err.stdout)[-4000:]}")
+
+
+def run_against_sim(out: Path, parts: tuple[str, ...], version: str, deadline_s: float,
+                    what: str) -> dict[str, Any]:
+    """The runner's `parts` with vllm-sim playing `version` as the image (this checkout's
+    .venv), on a generated tiny-dense model: its observations, after checking it left nothing
+    behind on the machine."""
+    hf = out / "hf"  # the simulator reads the files' names and sizes, not their weights
+    subprocess.run([sys.executable, str(REPO_DIR / "lab/model_gen.py"), "--hf-home", str(hf),
+                    "--repo", "spark-vllm/tiny-dense", "--size", "1000000", "--shards", "2"],
+                   check=True, capture_output=True, timeout=120)
+    argv = [sys.executable, str(REPO_DIR / "lab/cpu_tier/runner.py"), "--out", str(out),
+            "--venv", sys.prefix, "--hf", str(hf), "--sim", version]
+    for part in parts:
+        argv += ["--part", part]
+    proc = run_runner(argv, deadline_s, what)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-3000:]
+    assert json.loads((out / "leftovers.json").read_text()) == []
+    observed: dict[str, Any] = json.loads((out / "observations-cpu.json").read_text())
+    return observed
