@@ -11,16 +11,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import fabric, image_copy, machine, preview_scale, report, scenarios, staging
-from bench.common import REPO, STACK, Lab, dump_json, lab_up, say, snapshot
+from bench import fabric, image_copy, machine, outputs, preview_scale, scenarios, staging
+from bench.common import STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
 from bench.contenders.launcher import Launcher
 from bench.contenders.spark_vllm import SparkVllm, SparkVllmNative
+from bench.stats import completeness
 from lab import cluster, config, envsh
 from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS, README = outputs.RESULTS, outputs.README
 CHOICES = ("spark-vllm", "launcher", "bare", "spark-vllm-native")
 # --only backends: cold up and env change, Ray against native, recorded side by side
 BACKENDS = "backends"
@@ -42,7 +43,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="seconds to wait for the launcher/bare path to report a worker that "
                          "cannot join (default %(default)s)")
     ap.add_argument("--no-preview", action="store_true", help="skip the pulumi preview scale")
-    ap.add_argument("--report", metavar="JSON", help="only rewrite latest.md/png from a result")
+    ap.add_argument("--report", metavar="JSON",
+                    help="only write a result's outputs again: latest.* and the README's table "
+                         "for a full run, <its stamp>.md/png for a partial one")
+    ap.add_argument("--readme", action="store_true",
+                    help="only write bench/README.md's table again, from results/latest.json")
     return ap
 
 
@@ -115,13 +120,12 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
                 c.forget()
 
 
-def write_outputs(result: dict[str, Any], stamp: str | None = None) -> None:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    if stamp:
-        dump_json(RESULTS / f"{stamp}.json", result)
-    dump_json(RESULTS / "latest.json", result)
-    (RESULTS / "latest.md").write_text(report.markdown(result))
-    report.chart(result, RESULTS / "latest.png")
+def write_outputs(result: dict[str, Any], stamp: str, write_json: bool = True) -> Path:
+    """bench/outputs.py: latest.* and the README's table only for a full run."""
+    md = outputs.write_outputs(result, stamp, results=RESULTS, readme=README,
+                               write_json=write_json)
+    say(outputs.written(result, md))
+    return md
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -134,8 +138,12 @@ def main(argv: list[str] | None = None) -> int:
     # unblocked, the stack removed, what was measured written.
     signal.signal(signal.SIGTERM, _interrupt)
     if args.report:
-        write_outputs(json.loads(Path(args.report).read_text()))
-        say(f"wrote {RESULTS.relative_to(REPO)}/latest.{{json,md,png}}")
+        source = Path(args.report)
+        result = json.loads(source.read_text())
+        write_outputs(result, outputs.stamp_of(result, source), write_json=False)
+        return 0
+    if args.readme:
+        say(f"bench/README.md's table from {outputs.readme_from_latest(RESULTS, README)}")
         return 0
     if args.quick:
         args.runs, args.nodes = 1, "2"
@@ -147,7 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown contender(s): {bad}; choose from {CHOICES}", file=sys.stderr)
         return 2
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    defaults = [x for x in _parser().get_default("contenders").split(",") if x]
     result: dict[str, Any] = {
+        "stamp": stamp,
+        # until the run ends: a JSON saved on the way (or left by a crash) is no full run
+        "complete": False, "incomplete": ["still running or stopped by an error"],
         "machine": machine.describe(envsh.sourced()),
         "config": {"runs": args.runs, "nodes": sizes, "contenders": names, "only": args.only,
                    "join_cap_s": args.join_cap, "ray_timeout_s": DEFAULT_RAY_TIMEOUT_S,
@@ -161,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         dump_json(RESULTS / f"{stamp}.json", result)
 
     say(f"bench: runs {args.runs}, nodes {sizes}, contenders {names}, only {args.only or 'all'}")
+    interrupted = False
     try:
         if args.only != "preview":
             for n in sizes:
@@ -170,13 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             result["preview"] = preview_scale.run_all(args.runs)
     except KeyboardInterrupt:
         say("interrupted: writing what was measured")
+        interrupted = True
+    result["complete"], result["incomplete"] = completeness(args.only, names, defaults,
+                                                            interrupted)
     if args.only == BACKENDS:
         result["backends"] = scenarios.backends_summary(result["runs"])
         for line in result["backends"]["lines"]:
             say(line)
-    write_outputs(result, stamp)
-    say(f"wrote bench/results/{stamp}.json and latest.{{json,md,png}}")
-    print((RESULTS / "latest.md").read_text())
+    md = write_outputs(result, stamp)
+    print(md.read_text())
     return 0
 
 

@@ -1,22 +1,36 @@
-"""latest.md (tables, targets met/missed, where spark-vllm's time goes) and latest.png."""
+"""A result's markdown (tables, targets met/missed, where spark-vllm's time goes) and the
+README's table of medians; the picture is bench/chart.py's."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from bench import fabric, image_copy, staging
 from bench.scenarios import SCENARIOS
-from bench.stats import CONTENDERS, LABELS, restart_summary, select, stat, targets
+from bench.stats import FAIL_WORDS, contenders_of, label, restart_summary, select, stat, targets
 from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
 
 TITLES = {"cold_up": "cold up → serving", "noop": "no-op re-apply", "env_change":
           "env change → serving", "vllm_change": "vLLM-arg change → serving",
           "worker_reboot": "worker node rebooted → serving",
           "wedge_repair": "rank frozen (wedged) → serving", "teardown": "teardown",
-          "join_failure": "worker cannot join → reported"}
+          "join_failure": "worker cannot join → reported",
+          "rank_killed": "rank on node-2 killed → serving",
+          "incident": "the seeds' incident (Ray, mgmt NIC pinned to the fabric) → outcome"}
+
+
+def title(scenario: str) -> str:
+    return TITLES.get(scenario, scenario)
+
+
+def scenarios_of(runs: list[dict[str, Any]]) -> list[str]:
+    """The scenarios the runs hold: the known ones in the bench's order (SCENARIOS, then
+    TITLES'), then the others as they come."""
+    known = list(dict.fromkeys([*SCENARIOS, *TITLES]))
+    held = list(dict.fromkeys(r["scenario"] for r in runs))
+    return [s for s in known if s in held] + [s for s in held if s not in known]
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -41,23 +55,25 @@ def markdown(result: dict[str, Any]) -> str:
         "See bench/README.md for what each contender runs.",
         "",
     ]
+    names = contenders_of(result)
+    head = ["| scenario | " + " | ".join(label(c) for c in names) + " |",
+            "|---|" + "---|" * len(names)]
     for n in sorted({r["nodes"] for r in runs}):
-        lines += [f"## {n} nodes", "", "| scenario | " + " | ".join(LABELS[c] for c in CONTENDERS)
-                  + " |", "|---|" + "---|" * len(CONTENDERS)]
-        for s in SCENARIOS:
+        lines += [f"## {n} nodes", "", *head]
+        for s in scenarios_of(runs):
             cells = []
-            for c in CONTENDERS:
+            for c in names:
                 st = stat(select(runs, n, c, s))
-                cells.append("–" if st is None else st.cell(cap))
+                cells.append("–" if st is None else st.cell(cap if s == "join_failure" else None,
+                                                           s))
             if any(x != "–" for x in cells):
-                lines.append(f"| {TITLES[s]} | " + " | ".join(cells) + " |")
+                lines.append(f"| {title(s)} | " + " | ".join(cells) + " |")
         lines += ["", "What each step restarted (median over runs; vLLM: runs where it restarted):",
-                  "", "| scenario | " + " | ".join(LABELS[c] for c in CONTENDERS) + " |",
-                  "|---|" + "---|" * len(CONTENDERS)]
-        for s in ("noop", "env_change", "vllm_change", "worker_reboot", "wedge_repair"):
-            cells = [restart_summary(select(runs, n, c, s)) for c in CONTENDERS]
+                  "", *head]
+        for s in scenarios_of(runs):
+            cells = [restart_summary(select(runs, n, c, s)) for c in names]
             if any(x != "–" for x in cells):
-                lines.append(f"| {TITLES[s]} | " + " | ".join(cells) + " |")
+                lines.append(f"| {title(s)} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["## Targets (benchmark figures, not tests)", "", "| target | measured | |",
               "|---|---|---|"]
@@ -111,7 +127,7 @@ def profile_section(runs: list[dict[str, Any]]) -> list[str]:
            "| nodes | scenario | total | program start | before first remote | remote busy "
            "| after | remote commands | slowest commands |", "|---|---|---|---|---|---|---|---|---|"]
     for n in sorted({r["nodes"] for r in runs}):
-        for s in SCENARIOS:
+        for s in scenarios_of(runs):
             profs = [r["profile"] for r in select(runs, n, "spark-vllm", s)
                      if r.get("profile") and r["profile"].get("total_s") is not None]
             if not profs:
@@ -124,7 +140,7 @@ def profile_section(runs: list[dict[str, Any]]) -> list[str]:
                 for name, st in p.get("steps", {}).items():
                     steps[name].append(st["s"])
             top = sorted(((statistics.median(v), k) for k, v in steps.items()), reverse=True)[:3]
-            out.append(f"| {n} | {TITLES[s]} | {_f(med['total_s'])} | {_f(med['program_start_s'])}"
+            out.append(f"| {n} | {title(s)} | {_f(med['total_s'])} | {_f(med['program_start_s'])}"
                        f" | {_f(med['first_remote_s'])} | {_f(med['remote_busy_s'])} | "
                        f"{_f(med['after_last_remote_s'])} | {_f(med['remote_commands'], 0)} | "
                        + ", ".join(f"{k} {v:.1f}" for v, k in top) + " |")
@@ -206,69 +222,43 @@ def _f(x: float | None, digits: int = 1) -> str:
     return "–" if x is None else f"{x:.{digits}f}"
 
 
-def chart(result: dict[str, Any], path: Path) -> None:
-    import matplotlib
+def readme_table(result: dict[str, Any], source: str) -> list[str]:
+    """The README's table: every contender's median per scenario and lab size, and spark-vllm
+    over each other contender; `source` names the result file it comes from."""
+    runs, cfg, mach = result["runs"], result["config"], result["machine"]
+    names = contenders_of(result)
+    others = [c for c in names if c != "spark-vllm"] if "spark-vllm" in names else []
+    out = [f"Medians in seconds of `{source}`: run {mach.get('date', '?')} at commit "
+           f"`{mach.get('commit', '?')}`, {cfg.get('runs', '?')} run(s) per scenario, "
+           f"contenders {', '.join(names)}. The ranges, restarts and targets are in "
+           "`results/latest.md`; the picture is `results/latest.png`.", ""]
+    for n in sorted({r["nodes"] for r in runs}):
+        out += [f"**{n} nodes**", "",
+                "| scenario | " + " | ".join(label(c) for c in names)
+                + "".join(f" | spark-vllm / {c}" for c in others) + " |",
+                "|---|" + "---|" * (len(names) + len(others))]
+        for s in scenarios_of(runs):
+            st = {c: stat(select(runs, n, c, s)) for c in names}
+            if all(x is None for x in st.values()):
+                continue
+            cap = cfg.get("join_cap_s") if s == "join_failure" else None
+            cells = ["–" if st[c] is None else st[c].short(cap, s) for c in names]
+            cells += [_ratio_cell(st.get("spark-vllm"), st[c], cap, s) for c in others]
+            out.append(f"| {title(s)} | " + " | ".join(cells) + " |")
+        out.append("")
+    if not runs:
+        out += ["(no lifecycle scenario in this run)", ""]
+    return out
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    runs, preview, cap = result["runs"], result["preview"], result["config"]["join_cap_s"]
-    sizes = sorted({r["nodes"] for r in runs})
-    panels = len(sizes) + (1 if preview else 0)
-    fig, axes = plt.subplots(1, max(1, panels), figsize=(6.5 * max(1, panels), 4.8), squeeze=False)
-    colors = {"spark-vllm": "#1f77b4", "launcher": "#ff7f0e", "bare": "#2ca02c"}
-    width = 0.8 / len(CONTENDERS)
-    for ax, n in zip(axes[0], sizes, strict=False):
-        for i, c in enumerate(CONTENDERS):
-            xs, ys, lo, hi, hatch = [], [], [], [], []
-            for j, s in enumerate(SCENARIOS):
-                st = stat(select(runs, n, c, s))
-                if st is None:
-                    continue
-                if st.n == 0 and st.over_cap:
-                    y, a, b, h = cap, 0.0, 0.0, True
-                elif st.n:
-                    y, a, b, h = st.median, st.median - st.lo, st.hi - st.median, False
-                else:
-                    continue
-                xs.append(j + (i - 1) * width)
-                ys.append(y)
-                lo.append(a)
-                hi.append(b)
-                hatch.append(h)
-            bars = ax.bar(xs, ys, width, yerr=[lo, hi], capsize=2, color=colors[c],
-                          label=LABELS[c])
-            for bar, h in zip(bars, hatch, strict=True):
-                if h:
-                    bar.set_hatch("//")
-                    bar.set_alpha(0.5)
-        ax.set_xticks(range(len(SCENARIOS)))
-        ax.set_xticklabels([TITLES[s].replace(" → ", "\n→ ") for s in SCENARIOS], fontsize=7)
-        ax.set_ylabel("seconds (median, min–max)")
-        ax.set_title(f"{n} nodes (hatched: not reported within {cap:.0f} s)", fontsize=9)
-        ax.legend(fontsize=7)
-        ax.grid(axis="y", alpha=0.3)
-    if preview:
-        ax = axes[0][-1]
-        ns = sorted({p["nodes"] for p in preview})
-        sec = [statistics.median(p["seconds"] for p in preview if p["nodes"] == n and p["ok"])
-               for n in ns]
-        mem = [statistics.median(p["peak_rss_mib"] for p in preview if p["nodes"] == n and p["ok"])
-               for n in ns]
-        ax.plot(ns, sec, "o-", color="#1f77b4", label="seconds")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ns)
-        ax.set_xticklabels([str(n) for n in ns])
-        ax.set_xlabel("nodes in the stack")
-        ax.set_ylabel("pulumi preview, seconds (median)")
-        ax.set_ylim(bottom=0)
-        ax2 = ax.twinx()
-        ax2.plot(ns, mem, "s--", color="#d62728", label="peak MiB")
-        ax2.set_ylabel("peak memory of the process tree, MiB")
-        ax2.set_ylim(bottom=0)
-        ax.set_title("scale of the program: pulumi preview", fontsize=9)
-        ax.legend(loc="upper left", fontsize=7)
-        ax2.legend(loc="lower right", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def _ratio_cell(ours: Any, theirs: Any, cap: float | None, scenario: str) -> str:
+    """spark-vllm's median over another's; against one that had no figure within its cap (not
+    reported, not repaired), an upper bound."""
+    if ours is None or theirs is None or not ours.n:
+        return "–"
+    if theirs.n:
+        return f"{ours.median / theirs.median:.2f} ×" if theirs.median else "–"
+    bound = theirs.cap if cap is None else cap
+    if bound and (theirs.over_cap or (theirs.failed and scenario in FAIL_WORDS)):
+        return f"< {ours.median / bound:.2f} ×"
+    return "–"

@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-CONTENDERS = ("spark-vllm", "launcher", "bare")
-LABELS = {"spark-vllm": "spark-vllm (pulumi up)", "launcher": "Ray launcher (ray up)",
-          "bare": "bare path"}
+# Every contender the bench knows, in the order the tables and the chart show them; a result's
+# other contenders (one added since) follow, in the order the result names them.
+CONTENDERS = ("spark-vllm", "spark-vllm-native", "launcher", "bare", "sparkrun")
+LABELS = {"spark-vllm": "spark-vllm (pulumi up)",
+          "spark-vllm-native": "spark-vllm, backend native (pulumi up)",
+          "launcher": "Ray launcher (ray up)", "bare": "bare path",
+          "sparkrun": "sparkrun 0.4.2"}
+# A run without a figure: ok with no seconds is the tool saying nothing within the cap (the
+# join failure's "not reported"); ok false is a failure, which for a repair scenario means
+# not repaired within its cap.
+MISS_WORDS = {"join_failure": "not reported"}
+FAIL_WORDS = {"rank_killed": "not repaired"}
 VLLM_WAIT_S = 1800  # vLLM's own placement-group wait: what a join failure costs without a gate
 
 
@@ -20,18 +30,87 @@ class Stat:
     n: int  # successful runs
     failed: int
     over_cap: int = 0  # join failure: runs that reported nothing within the cap
+    cap: float | None = None  # the records' own cap (cap_s), where they name one
 
-    def cell(self, cap: float | None = None) -> str:
+    def cell(self, cap: float | None = None, scenario: str | None = None) -> str:
+        cap = self.cap if cap is None else cap
+        miss, fail = words(scenario)
         if self.n == 0:
             if self.over_cap:
-                return f"> {cap:.0f} (not reported, {self.over_cap} runs)"
-            return f"failed ({self.failed})" if self.failed else "–"
+                if cap is None:
+                    return f"{miss} ({self.over_cap} runs)"
+                return f"> {cap:.0f} ({miss}, {self.over_cap} runs)"
+            if self.failed and cap is not None and scenario in FAIL_WORDS:
+                return f"> {cap:.0f} ({fail}, {self.failed} runs)"
+            return f"{fail} ({self.failed})" if self.failed else "–"
         text = f"{self.median:.1f} ({self.lo:.1f}–{self.hi:.1f})"
         if self.over_cap:
-            text += f", > {cap:.0f} in {self.over_cap}"
+            text += f", > {cap:.0f} in {self.over_cap}" if cap is not None else \
+                f", {miss} in {self.over_cap}"
         if self.failed:
-            text += f", {self.failed} failed"
+            text += f", {self.failed} {fail}"
         return text
+
+    def short(self, cap: float | None = None, scenario: str | None = None) -> str:
+        """The median alone, or what stood in for it (the README's table)."""
+        cap = self.cap if cap is None else cap
+        miss, fail = words(scenario)
+        total = self.n + self.over_cap + self.failed
+        if self.n:
+            return f"{self.median:.1f}" + "".join(
+                f", {k} of {total} {w}" for k, w in ((self.over_cap, miss), (self.failed, fail))
+                if k)
+        if self.over_cap:
+            return f"> {cap:.0f} ({miss})" if cap is not None else miss
+        if self.failed and cap is not None and scenario in FAIL_WORDS:
+            return f"> {cap:.0f} ({fail})"
+        return fail if self.failed else "–"
+
+
+def words(scenario: str | None) -> tuple[str, str]:
+    """What a run with no figure is called in this scenario: (ok but no seconds, not ok)."""
+    return (MISS_WORDS.get(scenario or "", "not reported"),
+            FAIL_WORDS.get(scenario or "", "failed"))
+
+
+def label(contender: str) -> str:
+    return LABELS.get(contender, contender)
+
+
+def contenders_of(result: dict[str, Any]) -> list[str]:
+    """The contenders a result names (its config) or holds runs of: the known ones in
+    CONTENDERS' order, then the others in the order they appear."""
+    return ordered([*(result.get("config", {}).get("contenders") or []),
+                    *(r["contender"] for r in result.get("runs", []))])
+
+
+def ordered(names: Iterable[str]) -> list[str]:
+    """Each name once: the known contenders in CONTENDERS' order, then the others as they
+    come."""
+    uniq = list(dict.fromkeys(names))
+    return [c for c in CONTENDERS if c in uniq] + [c for c in uniq if c not in CONTENDERS]
+
+
+def is_complete(result: dict[str, Any]) -> bool:
+    """A full run: its own "complete" where it says (written since the bench records it);
+    before that, any run without --only."""
+    if "complete" in result:
+        return bool(result["complete"])
+    return result.get("config", {}).get("only") is None
+
+
+def completeness(only: str | None, contenders: Iterable[str], defaults: Iterable[str],
+                 interrupted: bool) -> tuple[bool, list[str]]:
+    """Whether a run is full (no --only, every default contender, not interrupted), and why
+    not."""
+    why = []
+    if only is not None:
+        why.append(f"--only {only}")
+    if left := [c for c in defaults if c not in set(contenders)]:
+        why.append("without " + ", ".join(left))
+    if interrupted:
+        why.append("interrupted")
+    return not why, why
 
 
 def select(runs: list[dict[str, Any]], nodes: int, contender: str, scenario: str
@@ -46,9 +125,11 @@ def stat(records: list[dict[str, Any]]) -> Stat | None:
     ok = [r["seconds"] for r in records if r["ok"] and r["seconds"] is not None]
     over = sum(1 for r in records if r["ok"] and r["seconds"] is None)
     failed = sum(1 for r in records if not r["ok"])
+    caps = [r["cap_s"] for r in records if isinstance(r.get("cap_s"), int | float)]
+    cap = max(caps) if caps else None
     if not ok:
-        return Stat(0, 0, 0, 0, failed, over)
-    return Stat(statistics.median(ok), min(ok), max(ok), len(ok), failed, over)
+        return Stat(0, 0, 0, 0, failed, over, cap)
+    return Stat(statistics.median(ok), min(ok), max(ok), len(ok), failed, over, cap)
 
 
 def median_of(runs: list[dict[str, Any]], nodes: int, contender: str, scenario: str
@@ -149,7 +230,7 @@ def targets(runs: list[dict[str, Any]], preview: list[dict[str, Any]], join_cap:
             bound = VLLM_WAIT_S / 50
             ok = join.n > 0 and join.over_cap == 0 and join.failed == 0 and join.hi <= bound
             others = []
-            for c in ("launcher", "bare"):
+            for c in ordered(r["contender"] for r in runs if r["contender"] != "spark-vllm"):
                 s = stat(select(runs, n, c, "join_failure"))
                 if s is not None:
                     others.append(f"{c} {s.cell(join_cap)}")
