@@ -34,7 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--runs", type=int, default=5, help="runs per scenario (default %(default)s)")
     ap.add_argument("--nodes", default="2,4", help="lab sizes, in order (default %(default)s)")
     ap.add_argument("--only", choices=[*scenarios.SCENARIOS, "preview", "staging", "copy",
-                                       "image", "fabric", BACKENDS],
+                                       "image", "fabric", BACKENDS, "estimators"],
                     help="one scenario (its prerequisite steps run untimed-in-the-report)")
     ap.add_argument("--contenders", default=",".join(CHOICES),
                     help="comma-separated subset of %(default)s")
@@ -134,6 +134,9 @@ def _interrupt(signum: int, _frame: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.only == "estimators":  # no lab: bench/estimators.py
+        from bench import estimators
+        return estimators.main(RESULTS)
     # Stopped from outside (SIGTERM): clean up like Ctrl-C — contenders torn down, fabric
     # unblocked, the stack removed, what was measured written.
     signal.signal(signal.SIGTERM, _interrupt)
