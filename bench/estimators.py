@@ -112,6 +112,13 @@ def summary(rows: list[dict[str, Any]], tools: tuple[str, ...] = TOOLS) -> dict[
             "admitted_but_vllm_refused": [i for i, x in t if x["admitted_refused"]],
             "refused_but_vllm_started": [i for i, x in t if x["refused_started"]],
             "no_estimate": [i for i, x in t if x["available_gib"] is None],
+            # per recording file: the tiny models' weights are ~0.01 GiB, so there nearly
+            # all of the budget is KV whatever an estimator leaves out
+            "available_by_fixture": {
+                f: _stats([r["tools"][name]["err_available_pct"] for r in rows
+                           if r["fixture"] == f and name in r["tools"]
+                           and r["tools"][name]["err_available_pct"] is not None])
+                for f in dict.fromkeys(r["fixture"] for r in rows)},
         }
     return out
 
@@ -165,7 +172,8 @@ def main(results_dir: Path) -> int:
     dump_json(base.with_suffix(".json"), result)
     text = estimators_report.markdown(result)
     base.with_suffix(".md").write_text(text)
-    say(f"wrote {base.relative_to(REPO)}.json and .md")
+    shown = base.relative_to(REPO) if base.is_relative_to(REPO) else base
+    say(f"wrote {shown}.json and .md")
     print(text)
     return 0
 

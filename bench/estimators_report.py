@@ -60,6 +60,15 @@ def markdown(result: dict[str, Any]) -> str:
     for t in TOOLS:
         lines.append(f"| {t} | available KV | {_stat_cells(summ[t]['available'])} |")
         lines.append(f"| {t} | KV tokens | {_stat_cells(summ[t]['tokens'])} |")
+    fixtures = list(summ[TOOLS[0]]["available_by_fixture"])
+    lines += ["", "Available KV by recording file (median abs error; min … max error):", "",
+              "| tool | " + " | ".join(f.rsplit("/", 1)[-1] for f in fixtures) + " |",
+              "|---|" + "--:|" * len(fixtures)]
+    for t in TOOLS:
+        by = summ[t]["available_by_fixture"]
+        lines.append(f"| {t} | " + " | ".join(
+            f"{by[f]['median_abs_pct']:.2f} % ({by[f]['min_pct']:+.1f} … {by[f]['max_pct']:+.1f} %)"
+            if by[f].get("n") else "—" for f in fixtures) + " |")
     lines += ["", "| tool | admitted, vLLM refused | refused, vLLM started | no estimate |",
               "|---|---|---|---|"]
     for t in TOOLS:
