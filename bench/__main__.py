@@ -17,16 +17,17 @@ from bench.contenders import Contender
 from bench.contenders.bare import Bare
 from bench.contenders.launcher import Launcher
 from bench.contenders.spark_vllm import SparkVllm, SparkVllmNative
+from bench.contenders.sparkrun import Sparkrun
 from bench.stats import completeness
 from lab import cluster, config, envsh
 from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
 
 RESULTS, README = outputs.RESULTS, outputs.README
-CHOICES = ("spark-vllm", "launcher", "bare", "spark-vllm-native")
+CHOICES = ("spark-vllm", "launcher", "bare", "spark-vllm-native", "sparkrun")
 # --only backends: cold up and env change, Ray against native, recorded side by side
 BACKENDS = "backends"
-# Container name prefixes of the three contenders (spark-vllm's stack, the bare path, ray up).
-OURS = (f"spark-vllm-{STACK}-", "spark-vllm-bare-", "spark-bench-ray")
+# Container name prefixes of the contenders (spark-vllm's stack, the bare path, ray up, sparkrun).
+OURS = (f"spark-vllm-{STACK}-", "spark-vllm-bare-", "spark-bench-ray", "sparkrun_")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +64,8 @@ def _contenders(names: list[str], lab: Lab) -> list[Contender]:
             made[name] = Bare(lab, stack_file)
         elif name == "spark-vllm-native":
             made[name] = SparkVllmNative(lab, stack_file)
+        elif name == "sparkrun":
+            made[name] = Sparkrun(lab)
     return [made[n] for n in names]
 
 

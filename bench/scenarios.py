@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bench import ranks
 from bench.common import (
-    STACK,
     BenchError,
     Lab,
     restarts,
@@ -27,10 +27,14 @@ from bench.common import (
     wait_health,
 )
 from bench.contenders import Contender, Outcome
-from lab import cluster, faults
+from lab import cluster
 
-LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "worker_reboot", "wedge_repair",
-             "teardown")
+LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "worker_reboot", "rank_killed",
+             "wedge_repair", "teardown")
+# the repair steps: their fault, and serving = tokens by this deadline (spark-vllm's wedge
+# repair is ~74 s with its default 60 s window; vLLM's own execute timeout is 300 s)
+REPAIRS = {"rank_killed": "SIGKILL", "wedge_repair": "SIGSTOP"}
+REPAIR_DEADLINE_S = 180.0
 JOIN = "join_failure"
 SCENARIOS = (*LIFECYCLE, JOIN)
 ENV_CHANGE_TO = "INFO"  # NCCL_DEBUG: WARN (baseline) → INFO
@@ -42,7 +46,8 @@ def _record(c: Contender, lab: Lab, scenario: str, run: int, seconds: float | No
     rec = {"nodes": len(lab.nodes), "contender": c.name, "scenario": scenario, "run": run,
            "seconds": None if seconds is None else round(seconds, 3), "ok": out.ok,
            "note": out.note[-600:], "profile": out.profile, "restarts": changed}
-    shown = "not reported" if seconds is None else f"{seconds:6.2f} s"
+    shown = ("not repaired" if scenario in REPAIRS else "not reported") if seconds is None \
+        else f"{seconds:6.2f} s"
     status = ""
     if not out.ok:
         last = out.note.strip().splitlines()[-1] if out.note.strip() else "?"
@@ -85,15 +90,14 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
         ("env_change", lambda: c.set_env(ENV_CHANGE_TO)),
         ("vllm_change", lambda: c.set_vllm_len(VLLM_LEN_TO)),
         ("worker_reboot", c.repair),
+        ("rank_killed", c.repair),
+        ("wedge_repair", c.repair),
     ]
-    if c.detects_wedge:
-        # a rank frozen (SIGSTOP) on the last node: /health stays 200, no token comes; the
-        # step is the repair, detection (the liveness window) included
-        steps.append(("wedge_repair", c.repair))
     # untimed, before the step: what happens to the cluster
     fault: dict[str, Callable[[], Any]] = {
         "worker_reboot": lambda: cluster.reboot([lab.nodes[-1].name], quiet=True),
-        "wedge_repair": lambda: faults.wedge(cluster.find_node(lab.nodes[-1].name), STACK)}
+        **{name: (lambda sig=sig: ranks.signal_ranks(lab.nodes[-1], sig))
+           for name, sig in REPAIRS.items()}}
     if only == "teardown":
         steps = steps[:1]
     elif only is not None:
@@ -102,33 +106,70 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
             c.clean()
             return records
         steps = steps[: names.index(only) + 1]
-    before = snapshot(lab)
-    for scenario, step in steps:
-        if scenario in fault:
-            if len(lab.nodes) < 2:
+    c.enter()
+    try:
+        before = snapshot(lab)
+        for scenario, step in steps:
+            if scenario in fault:
+                if len(lab.nodes) < 2:
+                    continue
+                fault[scenario]()
+                before = snapshot(lab)  # the rebooted node's containers, stopped
+            if scenario in REPAIRS:
+                seconds, out = _to_tokens(lab, step)
+            else:
+                seconds, out = _to_serving(lab, step)
+            after = snapshot(lab)
+            changed = None if scenario == "cold_up" else restarts(before, after)
+            if keep(scenario) or not out.ok:
+                records.append(_record(c, lab, scenario, run, seconds, out, changed))
+            if not out.ok and scenario in REPAIRS and _back_up(c, lab):
+                before = snapshot(lab)
                 continue
-            fault[scenario]()
-            before = snapshot(lab)  # the rebooted node's containers, stopped
-        seconds, out = _to_serving(lab, step)
-        after = snapshot(lab)
-        changed = None if scenario == "cold_up" else restarts(before, after)
-        if keep(scenario) or not out.ok:
-            records.append(_record(c, lab, scenario, run, seconds, out, changed))
-        if not out.ok:
-            c.clean()
-            return records
-        before = after
-    if only in (None, "teardown"):
-        t0 = time.monotonic()
-        out = c.down()
-        seconds = time.monotonic() - t0
-        left = running_containers(lab)
-        if left:
-            out = Outcome(False, f"{out.note}\n{left} container(s) still running".strip(),
-                          out.profile)
-        records.append(_record(c, lab, "teardown", run, seconds, out))
-    c.clean()
+            if not out.ok:
+                c.clean()
+                return records
+            before = after
+        if only in (None, "teardown"):
+            t0 = time.monotonic()
+            out = c.down()
+            seconds = time.monotonic() - t0
+            left = running_containers(lab)
+            if left:
+                out = Outcome(False, f"{out.note}\n{left} container(s) still running".strip(),
+                              out.profile)
+            records.append(_record(c, lab, "teardown", run, seconds, out))
+        c.clean()
+    finally:
+        ranks.thaw_all(lab)
+        c.leave()
     return records
+
+
+def _to_tokens(lab: Lab, step: Callable[[], Outcome]) -> tuple[float | None, Outcome]:
+    """The contender's repair, then until a completion returns tokens: seconds for both, or
+    None when not within REPAIR_DEADLINE_S of the step's start (whatever the command said)."""
+    t0 = time.monotonic()
+    deadline = t0 + REPAIR_DEADLINE_S
+    out = step()
+    ok, why = ranks.wait_tokens(lab, deadline)
+    seconds = time.monotonic() - t0
+    status = "its command succeeded" if out.ok else f"its command failed: {out.note.strip()[-300:]}"
+    if ok:
+        return seconds, Outcome(True, "" if out.ok else status, out.profile)
+    return None, Outcome(False, f"not serving {REPAIR_DEADLINE_S:.0f} s after the fault "
+                                f"({status}; last request: {why})", out.profile)
+
+
+def _back_up(c: Contender, lab: Lab) -> bool:
+    """After a repair that did not repair: clean, a cold up, untimed, so the lifecycle's next
+    steps still run; False if even that does not serve."""
+    ranks.thaw_all(lab)
+    c.clean()
+    seconds, out = _to_serving(lab, c.up)
+    say(f"  {c.name}: cleaned and up again (untimed) in {seconds:.1f} s"
+        + ("" if out.ok else f": FAILED {out.note.strip()[-200:]}"))
+    return out.ok
 
 
 def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, Any]:
@@ -136,14 +177,16 @@ def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, An
     c.clean()
     c.reset()
     a, b = lab.nodes[0].name, lab.nodes[1].name
+    c.enter()
     try:
         cluster.block_fabric(a, b)
         seconds, out = c.join_failure(cap_s)
     finally:
         cluster.unblock_fabric(a, b)
+        c.clean()
+        c.leave()
     rec = _record(c, lab, JOIN, run, seconds, out)
     rec["cap_s"] = cap_s
-    c.clean()
     return rec
 
 

@@ -1,4 +1,5 @@
-"""The three ways to get one vLLM server on the lab's Ray cluster.
+"""The ways to get one vLLM server on the lab: spark-vllm (Ray or native), Ray's cluster launcher,
+the bare critical path, sparkrun.
 
 Each contender turns the same operator intents into its own commands; the scenarios time them
 and wait for /health themselves, so a method returns as soon as its tool returns:
@@ -11,6 +12,9 @@ and wait for /health themselves, so a method returns as soon as its tool returns
   join_failure(cap)  up while node-1 and node-2 cannot reach each other over the fabric:
                    seconds until the tool *reports* a failure, None if it did not within cap
   clean()          best-effort removal of anything left, untimed
+  repair()         after a node rebooted, a rank killed or frozen: what its user runs
+  enter(), leave() around each of its lifecycles, untimed: what the lab needs for this
+                   contender only (sparkrun's nvidia-smi shim), put in place and taken away
 """
 
 from __future__ import annotations
@@ -42,8 +46,6 @@ class Outcome:
 class Contender(ABC):
     name: str = "?"
     label: str = "?"
-    # sees a wedged vLLM (/health 200, no tokens) and repairs it: the wedge scenario runs
-    detects_wedge: bool = False
 
     def __init__(self, lab: Lab) -> None:
         self.lab = lab
@@ -78,6 +80,12 @@ class Contender(ABC):
         """After a node rebooted: what this contender's user runs to serve again (by default
         the contender's re-apply)."""
         return self.reapply()
+
+    def enter(self) -> None:
+        """Before each of its lifecycles (untimed)."""
+
+    def leave(self) -> None:
+        """After each of its lifecycles (untimed), whatever happened."""
 
     def reset(self) -> None:
         """Back to the baseline desired state (config only; nothing runs)."""

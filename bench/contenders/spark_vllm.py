@@ -44,7 +44,6 @@ def _reason(out: str) -> str:
 class SparkVllm(Contender):
     name = "spark-vllm"
     label = "pulumi up"
-    detects_wedge = True  # the liveness canary and token counter (docs/operations.md)
     backend = "ray"
 
     def __init__(self, lab: Lab, stack_file: Path) -> None:
