@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench import fabric, image_copy, machine, outputs, preview_scale, scenarios, staging
+from bench import fabric, image_copy, incident, machine, outputs, preview_scale, scenarios, staging
 from bench.common import STACK, Lab, dump_json, lab_up, say, snapshot
 from bench.contenders import Contender
 from bench.contenders.bare import Bare
@@ -89,7 +89,7 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
                     runs += scenarios.lifecycle(c, lab, r, "env_change",
                                                 record={"cold_up", "env_change"})
                     save()
-            elif args.only not in (scenarios.JOIN, "staging", "copy", "image", "fabric"):
+            elif args.only not in (scenarios.JOIN, scenarios.INCIDENT, "staging", "copy", "image", "fabric"):
                 for c in contenders:
                     runs += scenarios.lifecycle(c, lab, r, args.only)
                     save()
@@ -97,6 +97,12 @@ def _bench_lab(n: int, names: list[str], args: argparse.Namespace, runs: list[di
                 for c in contenders:
                     runs.append(scenarios.join_failure(c, lab, r, args.join_cap))
                     save()
+            if args.only in (None, scenarios.INCIDENT) and len(lab.nodes) == 2:
+                incident.load_v1_image(lab)
+                for c in contenders:
+                    if (rec := scenarios.incident_run(c, lab, r, args.join_cap)) is not None:
+                        runs.append(rec)
+                        save()
         sv = next((c for c in contenders if isinstance(c, SparkVllm)), None)
         if args.only in (None, "staging") and len(lab.nodes) == 2 and sv is not None:
             say(f"model staging against plain rsync, {args.runs} run(s) each")
@@ -191,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         say("interrupted: writing what was measured")
         interrupted = True
     result["complete"], result["incomplete"] = completeness(args.only, names, defaults,
-                                                            interrupted)
+                                                            interrupted, args.runs)
     if args.only == BACKENDS:
         result["backends"] = scenarios.backends_summary(result["runs"])
         for line in result["backends"]["lines"]:

@@ -33,10 +33,13 @@ LIFECYCLE = ("cold_up", "noop", "env_change", "vllm_change", "worker_reboot", "r
              "wedge_repair", "teardown")
 # the repair steps: their fault, and serving = tokens by this deadline (spark-vllm's wedge
 # repair is ~74 s with its default 60 s window; vLLM's own execute timeout is 300 s)
-REPAIRS = {"rank_killed": "SIGKILL", "wedge_repair": "SIGSTOP"}
+REPAIRS = ("worker_reboot", "rank_killed", "wedge_repair")
+SIGNALS = {"rank_killed": "SIGKILL", "wedge_repair": "SIGSTOP"}
 REPAIR_DEADLINE_S = 180.0
+FAILED_REPAIR_GRACE_S = 15.0
 JOIN = "join_failure"
-SCENARIOS = (*LIFECYCLE, JOIN)
+INCIDENT = "incident"
+SCENARIOS = (*LIFECYCLE, JOIN, INCIDENT)
 ENV_CHANGE_TO = "INFO"  # NCCL_DEBUG: WARN (baseline) → INFO
 VLLM_LEN_TO = 8192  # --max-model-len: unset (baseline) → 8192
 
@@ -97,7 +100,7 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
     fault: dict[str, Callable[[], Any]] = {
         "worker_reboot": lambda: cluster.reboot([lab.nodes[-1].name], quiet=True),
         **{name: (lambda sig=sig: ranks.signal_ranks(lab.nodes[-1], sig))
-           for name, sig in REPAIRS.items()}}
+           for name, sig in SIGNALS.items()}}
     if only == "teardown":
         steps = steps[:1]
     elif only is not None:
@@ -123,6 +126,8 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
             changed = None if scenario == "cold_up" else restarts(before, after)
             if keep(scenario) or not out.ok:
                 records.append(_record(c, lab, scenario, run, seconds, out, changed))
+                if scenario in REPAIRS:
+                    records[-1]["cap_s"] = REPAIR_DEADLINE_S
             if not out.ok and scenario in REPAIRS and _back_up(c, lab):
                 before = snapshot(lab)
                 continue
@@ -152,6 +157,10 @@ def _to_tokens(lab: Lab, step: Callable[[], Outcome]) -> tuple[float | None, Out
     t0 = time.monotonic()
     deadline = t0 + REPAIR_DEADLINE_S
     out = step()
+    if not out.ok:
+        # the tool said it did not repair, and nothing else acts on the lab: a last look
+        # (a contender's background repair, were there one, would have this long)
+        deadline = min(deadline, time.monotonic() + FAILED_REPAIR_GRACE_S)
     ok, why = ranks.wait_tokens(lab, deadline)
     seconds = time.monotonic() - t0
     status = "its command succeeded" if out.ok else f"its command failed: {out.note.strip()[-300:]}"
@@ -187,6 +196,29 @@ def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, An
         c.leave()
     rec = _record(c, lab, JOIN, run, seconds, out)
     rec["cap_s"] = cap_s
+    return rec
+
+
+def incident_run(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, Any] | None:
+    """The contender configured into the seeds' incident (bench/incident.py); None for one
+    that is not run there."""
+    from bench import incident
+
+    c.clean()
+    c.reset()
+    c.enter()
+    try:
+        got = incident.incident(c, lab, cap_s)
+    finally:
+        c.clean()
+        ranks.thaw_all(lab)
+        c.leave()
+    if got is None:
+        return None
+    seconds, out = got
+    rec = _record(c, lab, INCIDENT, run, seconds, out)
+    rec["cap_s"] = cap_s
+    say(f"    {out.note[:300]}")
     return rec
 
 

@@ -99,11 +99,16 @@ def is_complete(result: dict[str, Any]) -> bool:
     return result.get("config", {}).get("only") is None
 
 
+MIN_FULL_RUNS = 3  # medians of fewer runs never replace a full run's outputs
+
+
 def completeness(only: str | None, contenders: Iterable[str], defaults: Iterable[str],
-                 interrupted: bool) -> tuple[bool, list[str]]:
-    """Whether a run is full (no --only, every default contender, not interrupted), and why
-    not."""
+                 interrupted: bool, runs: int = MIN_FULL_RUNS) -> tuple[bool, list[str]]:
+    """Whether a run is full (no --only, every default contender, at least 3 runs, not
+    interrupted), and why not."""
     why = []
+    if runs < MIN_FULL_RUNS:
+        why.append(f"{runs} run(s), fewer than {MIN_FULL_RUNS}")
     if only is not None:
         why.append(f"--only {only}")
     if left := [c for c in defaults if c not in set(contenders)]:

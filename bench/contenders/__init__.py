@@ -81,10 +81,10 @@ class Contender(ABC):
         the contender's re-apply)."""
         return self.reapply()
 
-    def enter(self) -> None:
+    def enter(self) -> None:  # noqa: B027 (a hook: most contenders need nothing)
         """Before each of its lifecycles (untimed)."""
 
-    def leave(self) -> None:
+    def leave(self) -> None:  # noqa: B027
         """After each of its lifecycles (untimed), whatever happened."""
 
     def reset(self) -> None:

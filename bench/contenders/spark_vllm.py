@@ -99,6 +99,15 @@ class SparkVllm(Contender):
         self._write_config()
         return self._engine("up", timeout)
 
+    def _engine_with(self, change: Any, timeout: float) -> tuple[Result, dict[str, Any]]:
+        """`pulumi up` of the desired state with `change(config)` applied to the stack file's
+        config on top (the caller restores the file)."""
+        self._write_config()
+        doc = yaml.safe_load(self.stack_file.read_text()) or {}
+        change(doc.setdefault("config", {}))
+        self.stack_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
+        return self._engine("up", timeout)
+
     def _engine(self, verb: str, timeout: float = PULUMI_TIMEOUT_S,
                 *extra: str) -> tuple[Result, dict[str, Any]]:
         res, lines = profile.run_stamped(

@@ -55,7 +55,8 @@ from bench import sparkrun_env
 from bench.common import LOG_DIR, WORK_DIR, Lab, Result, on_nodes, run, ssh
 from bench.contenders import Contender, Outcome
 from lab import keys
-from lab.config import INNER_IMAGE as IMAGE, LAB_MODEL
+from lab.config import INNER_IMAGE as IMAGE
+from lab.config import LAB_MODEL
 
 MODEL_DIR = "/srv/bench-model"
 HF_REPO = f"/root/.cache/huggingface/hub/models--{LAB_MODEL.replace('/', '--')}"
@@ -71,6 +72,9 @@ case "$*" in
 esac
 """
 RUN_TIMEOUT_S = 300.0
+# a repair's --ensure waits for one streamed completion; through a dead or frozen rank that
+# can wait for long: bounded by the scenario's own deadline (bench/scenarios.py)
+REPAIR_TIMEOUT_S = 180.0
 SERVED_NAME = "lab"
 PORT = 8000
 
@@ -213,7 +217,7 @@ class Sparkrun(Contender):
         return self._run()
 
     def repair(self) -> Outcome:
-        return self._run("--ensure")
+        return self._run("--ensure", timeout=REPAIR_TIMEOUT_S)
 
     def down(self) -> Outcome:
         res = self._sparkrun("stop", str(self.recipe_path), "--hosts", self.hosts, timeout=120)
