@@ -10,7 +10,8 @@ the placement group stays pending, nothing is reported (vLLM's own wait is 1800 
   is pinned to the fabric NIC (`sparkrun cluster update --mgmt-interface`), which is not the
   nodes' default route. Its Ray start takes `--node-ip-address $NODE_IP` (the pinned NIC's
   address), and its Ray path leaves VLLM_HOST_IP unset, so vLLM's get_ip() takes the default
-  route's address. Timed: `sparkrun run` until it serves, reports a failure, or the cap.
+  route's address. Timed: `sparkrun run` until it serves, reports a failure, or the cap. On
+  the lab it stops before: NOT_REACHABLE below says where.
 - spark-vllm: both addresses come from one field (nodes[].fabricIp), so the nearest a user
   gets is pinning VLLM_HOST_IP in `env` to another address (the management one): timed, the
   `pulumi up` until it refuses, and what is left on the nodes.
@@ -35,6 +36,15 @@ from lab.images import inner_image_tag
 INCIDENT = "incident"
 V1_IMAGE = inner_image_tag(config.LEGACY_SIM_VLLM_VERSION)
 SPARKRUN_CLUSTER = "bench-incident"
+# What stops sparkrun's Ray path on the lab (read from sparkrun 0.4.2 and seen on the nodes):
+NOT_REACHABLE = (
+    "not reachable on the lab without changing sparkrun: its Ray path starts Ray with "
+    "`ray start --node-ip-address $NODE_IP` (orchestration/executors/_base.py), and NODE_IP "
+    "comes only from its InfiniBand detection (orchestration/infiniband.py: an ACTIVE port "
+    "under /sys/class/infiniband), which the lab's nodes cannot have (their sysfs is "
+    "read-only): NODE_IP is empty, `--node-ip-address` swallows the next flag, the head runs "
+    "a GCS without a raylet, and vLLM's ray.init finds no Ray instance; sparkrun reports the "
+    "serve's exit")
 
 
 def load_v1_image(lab: Lab) -> None:
@@ -75,6 +85,8 @@ def sparkrun_incident(c: Any, lab: Lab, cap_s: float) -> tuple[float | None, Out
     serving = ranks.tokens_once(lab, timeout=5) is None
     if run.ok and serving:
         return seconds, Outcome(True, f"served (no incident): {evidence}")
+    if "Could not find any running Ray instance" in run.out:
+        return None, Outcome(False, NOT_REACHABLE + f" (exit {run.rc} after {seconds:.1f} s)")
     if run.rc == 124:
         return None, Outcome(True, f"nothing reported within {cap_s:.0f} s, not serving; "
                                    f"vLLM: {evidence}")
