@@ -27,10 +27,11 @@ from bench.common import API_PORT, BenchError, Lab, Node, ssh
 from lab.faults import RANK_PATTERN
 
 # On the node: argv SIGNAL; one line "pid title" per rank process signalled; exit 4 if none.
-_SIGNAL_RANKS_PY = r"""
+# SIGNAL "LIST" sends nothing (signal 0): which processes are ranks.
+SIGNAL_RANKS_PY = r"""
 import os, re, signal, sys
 ray = re.compile(PATTERN)
-sig = getattr(signal, sys.argv[1])
+sig = 0 if sys.argv[1] == "LIST" else getattr(signal, sys.argv[1])
 found = 0
 for e in os.listdir("/proc"):
     if not e.isdigit() or int(e) == os.getpid():
@@ -57,7 +58,7 @@ sys.exit(0 if found else 4)
 def signal_ranks(node: Node, sig: str) -> list[str]:
     """SIGKILL / SIGSTOP every rank process on the node; the lines "pid title" signalled.
     Raises when there was none (the scenario would measure nothing)."""
-    res = ssh(node, f"python3 -c {_quote(_SIGNAL_RANKS_PY)} {sig}", timeout=30)
+    res = ssh(node, f"python3 -c {_quote(SIGNAL_RANKS_PY)} {sig}", timeout=30)
     lines = [x for x in res.out.splitlines() if x.strip()]
     if res.rc == 4 or not lines:
         raise BenchError(f"{node.name}: no vLLM rank process to {sig} ({res.tail(3)})")
@@ -70,7 +71,7 @@ def thaw_all(lab: Lab) -> None:
     """SIGCONT every rank on every node (untimed, best effort): nothing stays frozen after a
     scenario, whatever the contender did."""
     for n in lab.nodes:
-        ssh(n, f"python3 -c {_quote(_SIGNAL_RANKS_PY)} SIGCONT || true", timeout=30)
+        ssh(n, f"python3 -c {_quote(SIGNAL_RANKS_PY)} SIGCONT || true", timeout=30)
 
 
 def _quote(s: str) -> str:
