@@ -120,6 +120,7 @@ class Sparkrun(Contender):
 
     def prepare(self) -> None:
         self.bin = sparkrun_env.sparkrun_bin()
+        self.leave()  # a shim left by an interrupted run would change what the others measure
         home = sparkrun_env.home_dir()
         cfg_dir = home / ".config" / "sparkrun"
         cfg_dir.mkdir(parents=True, exist_ok=True)
