@@ -7,7 +7,7 @@ import statistics
 from collections import defaultdict
 from typing import Any
 
-from bench import fabric, image_copy, staging
+from bench import fabric, image_copy, peers_report, staging
 from bench.scenarios import SCENARIOS
 from bench.stats import FAIL_WORDS, contenders_of, label, restart_summary, select, stat, targets
 from spark_vllm.components.spec import DEFAULT_RAY_TIMEOUT_S
@@ -80,7 +80,7 @@ def markdown(result: dict[str, Any]) -> str:
     for t in targets(runs, preview, cap):
         mark = "–" if t.met is None else ("met" if t.met else "**missed**")
         lines.append(f"| {t.name} | {t.measured} | {mark} |")
-    lines += ["", *staging.table(result.get("staging", [])),
+    lines += ["", *peers_report.notes_section(runs), *staging.table(result.get("staging", [])),
               *fabric.table(result.get("staging", [])),
               *staging.copy_table(result.get("staging", [])),
               *image_copy.table(result.get("staging", [])), *preview_table(preview),

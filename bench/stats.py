@@ -252,6 +252,9 @@ def targets(runs: list[dict[str, Any]], preview: list[dict[str, Any]], join_cap:
         if growth is not None:
             out.append(Target("4-node cold up ≤ 1.2 × 2-node cold up",
                               f"{a:.1f} s vs {b:.1f} s = {growth:.2f} ×{context}", growth <= 1.2))
+    from bench import peers_report  # it reads this module's helpers
+
+    out += peers_report.targets(runs)
     p = {n: statistics.median(x["seconds"] for x in preview if x["nodes"] == n and x["ok"])
          for n in {x["nodes"] for x in preview if x["ok"]}}
     if 2 in p and 32 in p:

@@ -149,3 +149,29 @@ def test_fewer_than_three_runs_never_count_as_a_full_run():
     assert completeness(None, names, names, False, 3) == (True, [])
     full, why = completeness(None, names, names, False, 1)
     assert not full and why == ["1 run(s), fewer than 3"]
+
+
+def _rec(contender: str, scenario: str, seconds: float | None, ok: bool = True,
+         note: str = "", run: int = 1) -> dict:
+    return {"nodes": 2, "contender": contender, "scenario": scenario, "run": run,
+            "seconds": seconds, "ok": ok, "note": note, "profile": {}, "restarts": None}
+
+
+def test_the_targets_against_sparkrun_are_ratios_of_medians_and_repairs_counted():
+    from bench import peers_report
+
+    runs = [_rec("spark-vllm", "cold_up", 15.0), _rec("sparkrun", "cold_up", 20.0),
+            _rec("spark-vllm", "env_change", 15.0), _rec("sparkrun", "env_change", 20.0),
+            _rec("spark-vllm", "vllm_change", 8.0), _rec("sparkrun", "vllm_change", 20.0),
+            _rec("spark-vllm", "rank_killed", 30.0),
+            _rec("sparkrun", "rank_killed", None, ok=False, note="not serving 180 s after")]
+    got = {t.name: t for t in peers_report.targets(runs)}
+    cold = got["2 nodes, spark-vllm: cold up → serving ≤ 1.1 × sparkrun's"]
+    assert cold.met and "0.75 ×" in cold.measured
+    env = got["2 nodes, spark-vllm: env change → serving ≤ 0.6 × sparkrun's"]
+    assert env.met is False and "0.75 ×" in env.measured  # missed: a real failure shows
+    assert got["2 nodes, spark-vllm: vLLM-arg change → serving ≤ 0.6 × sparkrun's"].met
+    killed = [t for k, t in got.items() if "killed" in k][0]
+    assert killed.met and "1 of 1" in killed.measured and "sparkrun 0 of 1" in killed.measured
+    notes = "\n".join(peers_report.notes_section(runs))
+    assert "not serving 180 s after" in notes and "serving again in 0 of 1" in notes
