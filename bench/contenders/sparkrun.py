@@ -43,6 +43,7 @@ bench/README.md):
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import time
@@ -241,6 +242,22 @@ class Sparkrun(Contender):
     def clean(self) -> None:
         on_nodes(self.lab.nodes, lambda n: 'ids=$(docker ps -aq --filter name=sparkrun_); '
                  '[ -z "$ids" ] || docker rm -f -v $ids >/dev/null 2>&1; true', log=self.log)
+        self._reconcile()
+
+    def _reconcile(self) -> None:
+        """Release the host reservations a sparkrun process left when it was killed (a bench
+        stopped mid-run, or a command the bench timed out), as its user does after checking
+        the nodes (`sparkrun daemon resources reconcile OWNER --acknowledge-effects`): the
+        containers were just removed. Without it every later command stops at "Execution
+        resources are busy or require reconciliation after an interrupted operation"."""
+        res = self._sparkrun("daemon", "resources", "list", timeout=60)
+        try:
+            claims = json.loads(res.out[res.out.index("["):]) if res.ok else []
+        except ValueError:
+            claims = []
+        for owner in sorted({c["owner"] for c in claims if not c.get("alive")}):
+            self._sparkrun("daemon", "resources", "reconcile", owner, "--acknowledge-effects",
+                           timeout=60)
 
     def describe(self) -> dict[str, Any]:
         return {"recipe": recipe(self.state.nccl_debug, self.state.max_model_len,

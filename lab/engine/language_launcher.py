@@ -204,6 +204,12 @@ def main(argv: list[str]) -> None:
     if not positional or not os.path.isfile(exec_script):
         sys.exit("usage: SPARK_VLLM_LANGUAGE_EXEC=<sdk's pulumi-language-python-exec> "
                  "pulumi-language-python [-flags] <engine address>")
+    # The engine ends a host with SIGINT. Python keeps SIGINT ignored when it starts with it
+    # ignored (a background job of a non-interactive shell: `cmd &` in a script, CI, nohup),
+    # and the program it starts inherits that; the official Go host handles SIGINT however it
+    # started (Go's os/signal.Notify un-ignores it), so its program starts with the default.
+    # Without this, every `pulumi up` run in the background waited ~5 s for the host to end.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     launcher = Launcher(positional[-1], exec_script)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=4),

@@ -193,3 +193,33 @@ def test_the_stand_ins_provider_sdks_plugins_are_declared() -> None:
                if line.startswith("pulumi-command=="))
     assert ("resource", "command", pin) in language_launcher.required_packages()
     assert os.path.basename(language_launcher.entry_point(str(REPO), ".")) == "__main__.py"
+
+
+def test_the_host_ends_on_the_engines_sigint_even_started_with_sigint_ignored(
+        project: tuple[Path, dict[str, str]]) -> None:
+    """A background job of a non-interactive shell (`pulumi up &` in a script, CI, nohup)
+    starts with SIGINT ignored. The engine ends its language host with SIGINT; a Python host
+    that kept the inherited SIG_IGN did not end, and the CLI waited its grace period on every
+    run (5 s per `pulumi up` of the bench, found by running it in the background). Go's
+    os/signal.Notify, which the official host uses, un-ignores the signal."""
+    import signal
+    import time
+
+    from tests.engine.conftest import part_under_test
+
+    d, env = project
+    host = subprocess.Popen(
+        [str(part_under_test("pulumi-language-python")), "127.0.0.1:1"], cwd=d, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        port = host.stdout.readline().strip()  # the host is up when it prints its port
+        assert port.isdigit(), port
+        host.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 4
+        while host.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert host.poll() is not None, "the host ignored the engine's SIGINT"
+    finally:
+        host.kill()
+        host.wait(timeout=10)
