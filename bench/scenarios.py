@@ -166,7 +166,7 @@ def _to_tokens(lab: Lab, step: Callable[[], Outcome]) -> tuple[float | None, Out
     status = "its command succeeded" if out.ok else f"its command failed: {out.note.strip()[-300:]}"
     if ok:
         return seconds, Outcome(True, "" if out.ok else status, out.profile)
-    return None, Outcome(False, f"not serving {REPAIR_DEADLINE_S:.0f} s after the fault "
+    return None, Outcome(False, f"not serving {seconds:.0f} s after the fault "
                                 f"({status}; last request: {why})", out.profile)
 
 
