@@ -117,6 +117,23 @@ def ssh(node: Node, script: str, *, timeout: float = 60, log: Path | None = None
     return run(keys.ssh_argv(node.mgmt_ip, script), timeout=timeout, log=log)
 
 
+# How a node reaches another node with the lab's key: the key goes on stdin into a 0600 temp
+# file on the node (never into a command line, which `ps` on the node would show), removed on
+# exit; the script uses $RSH (an ssh command line) and the other node's fabric IP.
+_WITH_KEY = "\n".join([
+    "set -e; k=$(mktemp); trap 'rm -f $k' EXIT; chmod 600 $k; cat > $k",
+    'RSH="ssh -i $k -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no '
+    '-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR"',
+])
+
+
+def ssh_with_lab_key(node: Node, script: str, *, timeout: float = 60,
+                     log: Path | None = None) -> Result:
+    """`script` on `node`, able to reach the other nodes with `$RSH root@<ip> …`."""
+    return run(keys.ssh_argv(node.mgmt_ip, f"{_WITH_KEY}\n{script}"), timeout=timeout,
+               stdin=keys.client_key().read_text(), log=log)
+
+
 def on_nodes(nodes: Sequence[Node], script_for: Any, *, timeout: float = 60,
              log: Path | None = None) -> list[Result]:
     """`script_for(node)` on every node at once; results in node order."""

@@ -22,7 +22,7 @@ import statistics
 import subprocess
 from typing import Any
 
-from bench.common import Lab, say, ssh
+from bench.common import Lab, say, ssh, ssh_with_lab_key
 from bench.contenders.spark_vllm import SparkVllm
 from bench.staging import copy_record
 from lab import config, keys
@@ -82,24 +82,16 @@ def _spark_vllm(c: SparkVllm, lab: Lab, transport: str) -> tuple[float | None, i
     return float(copy["seconds"]), int(copy["sent"]), ""
 
 
-def _key_lines() -> list[str]:
-    return ["set -e; k=$(mktemp); trap 'rm -f $k' EXIT; chmod 600 $k",
-            f"printf '%s' {shlex.quote(keys.client_key().read_text())} > $k"]
-
-
 def _plain(lab: Lab) -> tuple[float | None, int, str]:
     _bare_node2(lab)
     dst = lab.nodes[1]
     script = "\n".join([
-        *_key_lines(),
         "t0=$(date +%s.%N)",
-        f"docker save {IMAGE} | ssh -i $k -o IdentitiesOnly=yes -o BatchMode=yes "
-        "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR "
-        f"root@{dst.fabric_ip} docker load -q >/dev/null",
+        f"docker save {IMAGE} | $RSH root@{dst.fabric_ip} docker load -q >/dev/null",
         "t1=$(date +%s.%N)",
         'echo "$t0 $t1" | awk \'{printf "%.3f\\n", $2 - $1}\'',
     ])
-    res = ssh(lab.head, script, timeout=900)
+    res = ssh_with_lab_key(lab.head, script, timeout=900)
     if not res.ok:
         return None, 0, res.tail()
     return float(res.out.strip().splitlines()[-1]), 0, ""

@@ -20,7 +20,7 @@ import subprocess
 from typing import Any
 
 from bench import profile
-from bench.common import STACK, Lab, say, ssh
+from bench.common import STACK, Lab, say, ssh, ssh_with_lab_key
 from bench.contenders.spark_vllm import SparkVllm
 from lab import keys
 from lab.config import LAB_MODEL
@@ -52,17 +52,13 @@ def _spark_vllm(c: SparkVllm, lab: Lab) -> tuple[float | None, str]:
 def _plain(lab: Lab) -> tuple[float | None, str]:
     dst = lab.nodes[1]
     ssh(dst, f"rm -rf {PLAIN_DST}")
-    rsh = ("ssh -i $k -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=no "
-           "-o UserKnownHostsFile=/dev/null -o LogLevel=ERROR")
     script = "\n".join([
-        "set -e; k=$(mktemp); trap 'rm -f $k' EXIT; chmod 600 $k",
-        f"printf '%s' {shlex.quote(keys.client_key().read_text())} > $k",
         "t0=$(date +%s.%N)",
-        f'rsync -a -e "{rsh}" {REPO_DIR}/ root@{dst.fabric_ip}:{PLAIN_DST}/',
+        f'rsync -a -e "$RSH" {REPO_DIR}/ root@{dst.fabric_ip}:{PLAIN_DST}/',
         "t1=$(date +%s.%N)",
         'echo "$t0 $t1" | awk \'{printf "%.3f\\n", $2 - $1}\'',
     ])
-    res = ssh(lab.head, script, timeout=900)
+    res = ssh_with_lab_key(lab.head, script, timeout=900)
     ssh(dst, f"rm -rf {PLAIN_DST}")
     if not res.ok:
         return None, res.tail()
