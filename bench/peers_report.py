@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.stats import Target, label, median_of, ordered, select
+from bench.stats import Target, _fmt, _ratio, label, median_of, ordered, select
 
 PEER = "sparkrun"
 OURS = ("spark-vllm", "spark-vllm-native")
@@ -17,10 +17,6 @@ def title_of(scenario: str) -> str:
     from bench.report import title  # report imports this module
 
     return title(scenario)
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
 
 
 def targets(runs: list[dict[str, Any]]) -> list[Target]:
@@ -50,10 +46,6 @@ def targets(runs: list[dict[str, Any]]) -> list[Target]:
                                   f"(median {_fmt(median_of(runs, n, ours, s))} s); sparkrun "
                                   f"{ok_t} of {len(theirs)}", ok_m == len(mine) and ok_t == 0))
     return out
-
-
-def _fmt(x: float | None) -> str:
-    return "–" if x is None else f"{x:.1f}"
 
 
 def notes_section(runs: list[dict[str, Any]]) -> list[str]:

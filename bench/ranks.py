@@ -19,11 +19,12 @@ a completion that must return tokens.
 from __future__ import annotations
 
 import json
+import shlex
 import time
 import urllib.error
 import urllib.request
 
-from bench.common import API_PORT, BenchError, Lab, Node, ssh
+from bench.common import API_PORT, BenchError, Lab, Node, on_nodes, ssh
 from lab.faults import RANK_PATTERN
 
 # On the node: argv SIGNAL; one line "pid title" per rank process signalled; exit 4 if none.
@@ -58,7 +59,7 @@ sys.exit(0 if found else 4)
 def signal_ranks(node: Node, sig: str) -> list[str]:
     """SIGKILL / SIGSTOP every rank process on the node; the lines "pid title" signalled.
     Raises when there was none (the scenario would measure nothing)."""
-    res = ssh(node, f"python3 -c {_quote(SIGNAL_RANKS_PY)} {sig}", timeout=30)
+    res = ssh(node, f"python3 -c {shlex.quote(SIGNAL_RANKS_PY)} {sig}", timeout=30)
     lines = [x for x in res.out.splitlines() if x.strip()]
     if res.rc == 4 or not lines:
         raise BenchError(f"{node.name}: no vLLM rank process to {sig} ({res.tail(3)})")
@@ -70,12 +71,8 @@ def signal_ranks(node: Node, sig: str) -> list[str]:
 def thaw_all(lab: Lab) -> None:
     """SIGCONT every rank on every node (untimed, best effort): nothing stays frozen after a
     scenario, whatever the contender did."""
-    for n in lab.nodes:
-        ssh(n, f"python3 -c {_quote(SIGNAL_RANKS_PY)} SIGCONT || true", timeout=30)
-
-
-def _quote(s: str) -> str:
-    return "'" + s.replace("'", "'\"'\"'") + "'"
+    on_nodes(lab.nodes, lambda n: f"python3 -c {shlex.quote(SIGNAL_RANKS_PY)} SIGCONT || true",
+             timeout=30)
 
 
 def _json(url: str, body: dict | None, timeout: float) -> dict:

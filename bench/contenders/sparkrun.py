@@ -45,19 +45,28 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bench import sparkrun_env
-from bench.common import LOG_DIR, WORK_DIR, Lab, Result, on_nodes, run, ssh
+from bench import incident, ranks, sparkrun_env
+from bench.common import (
+    API_PORT,
+    LOG_DIR,
+    WORK_DIR,
+    Lab,
+    Result,
+    on_nodes,
+    run,
+    ssh,
+    ssh_with_lab_key,
+)
 from bench.contenders import Contender, Outcome
 from lab import keys
+from lab.config import FABRIC_IFNAME, LAB_MODEL
 from lab.config import INNER_IMAGE as IMAGE
-from lab.config import LAB_MODEL
 
 MODEL_DIR = "/srv/bench-model"
 HF_REPO = f"/root/.cache/huggingface/hub/models--{LAB_MODEL.replace('/', '--')}"
@@ -76,8 +85,17 @@ RUN_TIMEOUT_S = 300.0
 # a repair's --ensure waits for one streamed completion; through a dead or frozen rank that
 # can wait for long: bounded by the scenario's own deadline (bench/scenarios.py)
 REPAIR_TIMEOUT_S = 180.0
+INCIDENT_CLUSTER = "bench-incident"
+# What stops its Ray path on the lab (read from sparkrun 0.4.2 and seen on the nodes):
+NOT_REACHABLE = (
+    "not reachable on the lab without changing sparkrun: its Ray path starts Ray with "
+    "`ray start --node-ip-address $NODE_IP` (orchestration/executors/_base.py), and NODE_IP "
+    "comes only from its InfiniBand detection (orchestration/infiniband.py: an ACTIVE port "
+    "under /sys/class/infiniband), which the lab's nodes cannot have (their sysfs is "
+    "read-only): NODE_IP is empty, `--node-ip-address` swallows the next flag, the head runs "
+    "a GCS without a raylet, and vLLM's ray.init finds no Ray instance; sparkrun reports the "
+    "serve's exit")
 SERVED_NAME = "lab"
-PORT = 8000
 
 
 def recipe(nccl_debug: str, max_model_len: int | None, tp: int) -> dict[str, Any]:
@@ -88,7 +106,7 @@ def recipe(nccl_debug: str, max_model_len: int | None, tp: int) -> dict[str, Any
         "model": MODEL_DIR,
         "runtime": "vllm-distributed",
         "container": IMAGE,
-        "defaults": {"port": PORT, "tensor_parallel": tp, "served_model_name": SERVED_NAME},
+        "defaults": {"port": API_PORT, "tensor_parallel": tp, "served_model_name": SERVED_NAME},
         "executor_config": {"accelerator_vendor": "cpu", "privileged": False, "ulimit": []},
         "env": {"NCCL_DEBUG": nccl_debug},
         "command": cmd,
@@ -158,14 +176,9 @@ class Sparkrun(Contender):
         for node in self.lab.nodes[1:]:
             if ssh(node, f"test -f {MODEL_DIR}/config.json", log=self.log).ok:
                 continue
-            copy = "\n".join([
-                "set -e; k=$(mktemp); trap 'rm -f $k' EXIT; chmod 600 $k; cat > $k",
-                "rsync -a -e \"ssh -i $k -o IdentitiesOnly=yes -o BatchMode=yes "
-                "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o LogLevel=ERROR\" "
-                f"{MODEL_DIR}/ root@{node.fabric_ip}:{MODEL_DIR}/",
-            ])
-            res = run(keys.ssh_argv(self.lab.head.mgmt_ip, copy), timeout=900,
-                      stdin=keys.client_key().read_text(), log=self.log)
+            res = ssh_with_lab_key(self.lab.head, f'rsync -a -e "$RSH" {MODEL_DIR}/ '
+                                   f"root@{node.fabric_ip}:{MODEL_DIR}/", timeout=900,
+                                   log=self.log)
             if not res.ok:
                 raise RuntimeError(f"sparkrun: the model to {node.name}: {res.tail()}")
 
@@ -192,9 +205,8 @@ class Sparkrun(Contender):
     # --- the commands ----------------------------------------------------------------------
 
     def _sparkrun(self, *args: str, timeout: float = RUN_TIMEOUT_S) -> Result:
-        assert self.bin is not None or args[0] == "registry"
-        exe = str(self.bin or sparkrun_env.sparkrun_bin())
-        return run([exe, *args], timeout=timeout, env=sparkrun_env.env(), log=self.log)
+        assert self.bin is not None, "prepare() first"
+        return run([str(self.bin), *args], timeout=timeout, env=sparkrun_env.env(), log=self.log)
 
     def _run(self, *extra: str, timeout: float = RUN_TIMEOUT_S) -> Outcome:
         res = self._sparkrun("run", str(self.recipe_path), "--hosts", self.hosts, "--offline",
@@ -259,8 +271,30 @@ class Sparkrun(Contender):
             self._sparkrun("daemon", "resources", "reconcile", owner, "--acknowledge-effects",
                            timeout=60)
 
-    def describe(self) -> dict[str, Any]:
-        return {"recipe": recipe(self.state.nccl_debug, self.state.max_model_len,
-                                 len(self.lab.nodes)),
-                "argv": shlex.join(["sparkrun", "run", "RECIPE", "--hosts", self.hosts,
-                                    "--offline", "--no-follow", "--trust"])}
+    def incident(self, cap_s: float) -> tuple[float | None, Outcome]:
+        """Its Ray path (`runtime: vllm-ray`, the V1-executor image) on a saved cluster whose
+        management interface is pinned to the fabric NIC (bench/incident.py)."""
+        self._sparkrun("cluster", "delete", INCIDENT_CLUSTER, "--force", timeout=60)
+        made = self._sparkrun("cluster", "create", INCIDENT_CLUSTER, "--hosts", self.hosts,
+                              "-u", "root", "--scheduler", "greedy", timeout=60)
+        pinned = self._sparkrun("cluster", "update", INCIDENT_CLUSTER, "--mgmt-interface",
+                                FABRIC_IFNAME, timeout=60)
+        if not (made.ok and pinned.ok):
+            return None, Outcome(False, f"cluster set-up failed: {made.tail()} {pinned.tail()}")
+        doc = {**recipe(self.state.nccl_debug, self.state.max_model_len, len(self.lab.nodes)),
+               "runtime": "vllm-ray", "container": incident.V1_IMAGE}
+        path = self.recipe_path.with_name("bench-incident.yaml")
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        res = self._sparkrun("run", str(path), "--cluster", INCIDENT_CLUSTER, "--offline",
+                             "--no-follow", "--trust", timeout=cap_s)
+        said = incident.evidence(self.lab)
+        if res.ok and ranks.tokens_once(self.lab, timeout=5) is None:
+            return res.seconds, Outcome(True, f"served (no incident): {said}")
+        if "Could not find any running Ray instance" in res.out:
+            return None, Outcome(False, f"{NOT_REACHABLE} (exit {res.rc} after "
+                                        f"{res.seconds:.1f} s)")
+        if res.rc == 124:
+            return None, Outcome(True, f"nothing reported within {cap_s:.0f} s, not serving; "
+                                       f"vLLM: {said}")
+        return res.seconds, Outcome(True, f"reported a failure (exit {res.rc}): "
+                                          f"{res.tail(4)} | vLLM: {said}")
