@@ -11,7 +11,9 @@ the placement group stays pending, nothing is reported (vLLM's own wait is 1800 
   nodes' default route. Its Ray start takes `--node-ip-address $NODE_IP` (the pinned NIC's
   address), and its Ray path leaves VLLM_HOST_IP unset, so vLLM's get_ip() takes the default
   route's address. Timed: `sparkrun run` until it serves, reports a failure, or the cap. On
-  the lab it stops before: NOT_REACHABLE below says where.
+  the lab it stops before: Sparkrun.incident's NOT_REACHABLE says where.
+Each contender's own `incident(cap_s)` runs it (None: not configurable into it here).
+
 - spark-vllm: both addresses come from one field (nodes[].fabricIp), so the nearest a user
   gets is pinning VLLM_HOST_IP in `env` to another address (the management one): timed, the
   `pulumi up` until it refuses, and what is left on the nodes.
@@ -22,31 +24,15 @@ the placement group stays pending, nothing is reported (vLLM's own wait is 1800 
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-import yaml
-
-from bench import ranks
-from bench.common import Lab, on_nodes, running_containers, say
-from bench.contenders import Contender, Outcome
+from bench.common import Lab, Result, on_nodes, running_containers, say, ssh
+from bench.contenders import Outcome
 from lab import cluster, config, nodes
 from lab.images import inner_image_tag
 
 INCIDENT = "incident"
 V1_IMAGE = inner_image_tag(config.LEGACY_SIM_VLLM_VERSION)
-SPARKRUN_CLUSTER = "bench-incident"
-# What stops sparkrun's Ray path on the lab (read from sparkrun 0.4.2 and seen on the nodes):
-NOT_REACHABLE = (
-    "not reachable on the lab without changing sparkrun: its Ray path starts Ray with "
-    "`ray start --node-ip-address $NODE_IP` (orchestration/executors/_base.py), and NODE_IP "
-    "comes only from its InfiniBand detection (orchestration/infiniband.py: an ACTIVE port "
-    "under /sys/class/infiniband), which the lab's nodes cannot have (their sysfs is "
-    "read-only): NODE_IP is empty, `--node-ip-address` swallows the next flag, the head runs "
-    "a GCS without a raylet, and vLLM's ray.init finds no Ray instance; sparkrun reports the "
-    "serve's exit")
-
-
 def load_v1_image(lab: Lab) -> None:
     """The V1 image on every node (untimed, once), unless each has it."""
     have = on_nodes(lab.nodes, lambda n: f"docker image inspect {V1_IMAGE} >/dev/null 2>&1")
@@ -56,70 +42,20 @@ def load_v1_image(lab: Lab) -> None:
         nodes.load_inner_image(missing, V1_IMAGE)
 
 
-def _evidence(lab: Lab) -> str:
+def evidence(lab: Lab) -> str:
     """What the head's vLLM logged about its placement group (the pin and the wait)."""
     script = ("for c in $(docker ps -aq); do docker logs --tail 400 $c 2>&1 | "
               "grep -E 'node:[0-9]|placement group|Waiting for creating' | tail -n 3; done")
-    out = on_nodes(lab.nodes[:1], lambda n: script, timeout=60)[0].out
+    out = ssh(lab.head, script, timeout=60).out
     return " | ".join(x.strip() for x in out.splitlines() if x.strip())[-600:]
 
 
-def sparkrun_incident(c: Any, lab: Lab, cap_s: float) -> tuple[float | None, Outcome]:
-    """sparkrun's Ray path, management interface pinned to the fabric NIC."""
-    c._sparkrun("cluster", "delete", SPARKRUN_CLUSTER, "--force", timeout=60)
-    res = c._sparkrun("cluster", "create", SPARKRUN_CLUSTER, "--hosts", c.hosts, "-u", "root",
-                      "--scheduler", "greedy", timeout=60)
-    upd = c._sparkrun("cluster", "update", SPARKRUN_CLUSTER, "--mgmt-interface",
-                      config.FABRIC_IFNAME, timeout=60)
-    if not (res.ok and upd.ok):
-        return None, Outcome(False, f"cluster set-up failed: {res.tail()} {upd.tail()}")
-    doc = yaml.safe_load(c.recipe_path.read_text())
-    doc.update({"runtime": "vllm-ray", "container": V1_IMAGE})
-    path = c.recipe_path.with_name("bench-incident.yaml")
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    t0 = time.monotonic()
-    run = c._sparkrun("run", str(path), "--cluster", SPARKRUN_CLUSTER, "--offline",
-                      "--no-follow", "--trust", timeout=cap_s)
-    seconds = time.monotonic() - t0
-    evidence = _evidence(lab)
-    serving = ranks.tokens_once(lab, timeout=5) is None
-    if run.ok and serving:
-        return seconds, Outcome(True, f"served (no incident): {evidence}")
-    if "Could not find any running Ray instance" in run.out:
-        return None, Outcome(False, NOT_REACHABLE + f" (exit {run.rc} after {seconds:.1f} s)")
-    if run.rc == 124:
-        return None, Outcome(True, f"nothing reported within {cap_s:.0f} s, not serving; "
-                                   f"vLLM: {evidence}")
-    return seconds, Outcome(True, f"reported a failure (exit {run.rc}): "
-                                  f"{run.tail(4)} | vLLM: {evidence}")
-
-
-def spark_vllm_incident(c: Any, lab: Lab, cap_s: float) -> tuple[float | None, Outcome]:
-    """spark-vllm told to pin VLLM_HOST_IP to the head's management address."""
-    doc = yaml.safe_load(c.stack_file.read_text()) or {}
-    t0 = time.monotonic()
-    res, prof = c._engine_with(lambda cfg: _pin(cfg, lab), cap_s)
-    seconds = time.monotonic() - t0
+def refusal(lab: Lab, res: Result, profile: dict[str, Any]) -> tuple[float | None, Outcome]:
+    """A `pulumi up` that should have refused the incident's config: how long, its words, and
+    what it left running on the nodes."""
     left = running_containers(lab)
-    c.stack_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
     if res.ok:
-        return seconds, Outcome(False, "pulumi up accepted VLLM_HOST_IP in env", prof)
+        return res.seconds, Outcome(False, "pulumi up accepted VLLM_HOST_IP in env", profile)
     reason = next((x.strip() for x in res.out.splitlines() if "VLLM_HOST_IP" in x), res.tail(2))
-    return seconds, Outcome(True, f"refused before any container ({left} running on the "
-                                  f"nodes after): {reason[:300]}", prof)
-
-
-def _pin(cfg: dict[str, Any], lab: Lab) -> None:
-    env = dict(cfg.get("spark-vllm:env") or {})
-    env["VLLM_HOST_IP"] = lab.head.mgmt_ip
-    cfg["spark-vllm:env"] = env
-    cfg["spark-vllm:image"] = V1_IMAGE
-
-
-def incident(c: Contender, lab: Lab, cap_s: float) -> tuple[float | None, Outcome] | None:
-    """The contender configured into the incident; None for one that is not run here."""
-    if c.name == "sparkrun":
-        return sparkrun_incident(c, lab, cap_s)
-    if c.name == "spark-vllm":
-        return spark_vllm_incident(c, lab, cap_s)
-    return None
+    return res.seconds, Outcome(True, f"refused before any container ({left} running on the "
+                                      f"nodes after): {reason[:300]}", profile)

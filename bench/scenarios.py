@@ -13,7 +13,8 @@ for its whole duration (always unblocked after, whatever happened).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from bench import ranks
@@ -76,6 +77,22 @@ def _to_serving(lab: Lab, step: Callable[[], Outcome]) -> tuple[float, Outcome]:
     return time.monotonic() - t0, out
 
 
+@contextmanager
+def _turn(c: Contender, lab: Lab) -> Iterator[None]:
+    """One contender's turn on the lab: nothing of it running before, the baseline desired
+    state, its own set-up (enter); after, whatever happened, what it left removed, no rank left
+    frozen, its set-up taken away."""
+    c.clean()
+    c.reset()
+    c.enter()
+    try:
+        yield
+    finally:
+        c.clean()
+        ranks.thaw_all(lab)
+        c.leave()
+
+
 def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
               record: set[str] | None = None) -> list[dict[str, Any]]:
     """The lifecycle; with `only`, just the steps that scenario needs, recording that one (or
@@ -85,8 +102,6 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
     kept = {only, "worker_reboot"} if only == "wedge_repair" else {only}
     kept |= record or set()
     keep = (lambda name: True) if only is None else (lambda name: name in kept)
-    c.clean()
-    c.reset()
     steps: list[tuple[str, Callable[[], Outcome]]] = [
         ("cold_up", c.up),
         ("noop", c.reapply),
@@ -104,13 +119,8 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
     if only == "teardown":
         steps = steps[:1]
     elif only is not None:
-        names = [name for name, _ in steps]
-        if only not in names:  # e.g. wedge_repair for a contender that cannot see a wedge
-            c.clean()
-            return records
-        steps = steps[: names.index(only) + 1]
-    c.enter()
-    try:
+        steps = steps[: [name for name, _ in steps].index(only) + 1]
+    with _turn(c, lab):
         before = snapshot(lab)
         for scenario, step in steps:
             if scenario in fault:
@@ -132,7 +142,6 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
                 before = snapshot(lab)
                 continue
             if not out.ok:
-                c.clean()
                 return records
             before = after
         if only in (None, "teardown"):
@@ -144,10 +153,6 @@ def lifecycle(c: Contender, lab: Lab, run: int, only: str | None = None,
                 out = Outcome(False, f"{out.note}\n{left} container(s) still running".strip(),
                               out.profile)
             records.append(_record(c, lab, "teardown", run, seconds, out))
-        c.clean()
-    finally:
-        ranks.thaw_all(lab)
-        c.leave()
     return records
 
 
@@ -183,17 +188,13 @@ def _back_up(c: Contender, lab: Lab) -> bool:
 
 def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, Any]:
     """Seconds until the contender reports that a worker cannot join (None: not within cap)."""
-    c.clean()
-    c.reset()
     a, b = lab.nodes[0].name, lab.nodes[1].name
-    c.enter()
-    try:
-        cluster.block_fabric(a, b)
-        seconds, out = c.join_failure(cap_s)
-    finally:
-        cluster.unblock_fabric(a, b)
-        c.clean()
-        c.leave()
+    with _turn(c, lab):
+        try:
+            cluster.block_fabric(a, b)
+            seconds, out = c.join_failure(cap_s)
+        finally:
+            cluster.unblock_fabric(a, b)
     rec = _record(c, lab, JOIN, run, seconds, out)
     rec["cap_s"] = cap_s
     return rec
@@ -202,17 +203,8 @@ def join_failure(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, An
 def incident_run(c: Contender, lab: Lab, run: int, cap_s: float) -> dict[str, Any] | None:
     """The contender configured into the seeds' incident (bench/incident.py); None for one
     that is not run there."""
-    from bench import incident
-
-    c.clean()
-    c.reset()
-    c.enter()
-    try:
-        got = incident.incident(c, lab, cap_s)
-    finally:
-        c.clean()
-        ranks.thaw_all(lab)
-        c.leave()
+    with _turn(c, lab):
+        got = c.incident(cap_s)
     if got is None:
         return None
     seconds, out = got

@@ -81,6 +81,12 @@ class Contender(ABC):
         the contender's re-apply)."""
         return self.reapply()
 
+    def incident(self, cap_s: float) -> tuple[float | None, Outcome] | None:
+        """The contender configured into the seeds' incident (bench/incident.py): seconds until
+        it served, reported or refused (None: not within cap_s) and what happened; None for a
+        contender that is not configured into it there."""
+        return None
+
     def enter(self) -> None:  # noqa: B027 (a hook: most contenders need nothing)
         """Before each of its lifecycles (untimed)."""
 

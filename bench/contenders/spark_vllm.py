@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from bench import profile
+from bench import incident, profile
 from bench.common import LOG_DIR, STACK, Lab, Result, run, ssh
 from bench.contenders import Contender, Outcome
 from lab import envsh, keys
@@ -101,12 +101,29 @@ class SparkVllm(Contender):
 
     def _engine_with(self, change: Any, timeout: float) -> tuple[Result, dict[str, Any]]:
         """`pulumi up` of the desired state with `change(config)` applied to the stack file's
-        config on top (the caller restores the file)."""
+        config on top, the file put back after."""
         self._write_config()
-        doc = yaml.safe_load(self.stack_file.read_text()) or {}
+        kept = self.stack_file.read_text()
+        doc = yaml.safe_load(kept) or {}
         change(doc.setdefault("config", {}))
         self.stack_file.write_text(yaml.safe_dump(doc, sort_keys=False, width=1000))
-        return self._engine("up", timeout)
+        try:
+            return self._engine("up", timeout)
+        finally:
+            self.stack_file.write_text(kept)
+
+    def incident(self, cap_s: float) -> tuple[float | None, Outcome] | None:
+        """As near as the program lets a user get: VLLM_HOST_IP pinned in `env` to the head's
+        management address, on the V1-executor image."""
+        ns = NAMESPACE + ":"
+
+        def pin(cfg: dict[str, Any]) -> None:
+            cfg[ns + "env"] = {**(cfg.get(ns + "env") or {}),
+                               "VLLM_HOST_IP": self.lab.head.mgmt_ip}
+            cfg[ns + "image"] = incident.V1_IMAGE
+
+        res, prof = self._engine_with(pin, cap_s)
+        return incident.refusal(self.lab, res, prof)
 
     def _engine(self, verb: str, timeout: float = PULUMI_TIMEOUT_S,
                 *extra: str) -> tuple[Result, dict[str, Any]]:
@@ -172,3 +189,7 @@ class SparkVllmNative(SparkVllm):
     name = "spark-vllm-native"
     label = "pulumi up (backend native)"
     backend = "native"
+
+    def incident(self, cap_s: float) -> None:
+        """Not run: the refusal is the program's, whichever backend (spark-vllm's, measured)."""
+        return None
