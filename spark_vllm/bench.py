@@ -28,7 +28,7 @@ from typing import Any
 from . import bench_load, bench_report, errors
 from .components import ssh
 from .status import project_dir, select_stack
-from .status_report import NAMESPACE, _target, config_secret
+from .status_report import NAMESPACE, config_secret, node_target
 
 SECRET_KEYS = ("apiKey", "sshPrivateKey", "hfToken")
 
@@ -66,7 +66,7 @@ def head_tokenizer(stack: Any, outputs: dict[str, Any], config: dict[str, Any], 
               'c=$(cat "$r/refs/$rev" 2>/dev/null || echo "$rev"); '
               'cat "$r/snapshots/$c/tokenizer.json"')
     try:
-        proc = ssh.run(_target(head, key or ""), script, timeout=60)
+        proc = ssh.run(node_target(head, key or ""), script, timeout=60)
     except ssh.NodeUnreachableError as err:
         raise errors.CliError(f"cannot read the model's tokenizer from the head: {err}",
                               "pass --tokenizer PATH (a tokenizer.json, or the model's "

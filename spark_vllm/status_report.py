@@ -162,7 +162,7 @@ def _node_view(node: dict[str, Any], key: str, expected: dict[str, str], head: b
                                          list[dict[str, Any]] | None, str, str]:
     """The node's containers, why it cannot be reached, Ray's node table (the head), its
     compile cache's size, and the image id it holds under the stack's tag `image` now."""
-    target = _target(node, key)
+    target = node_target(node, key)
     roles = node["containers"]
     script = "\n".join(
         f"{_INSPECT}{shlex.quote(name)} 2>/dev/null || echo '/{name}||gone|||'"
@@ -251,7 +251,7 @@ def classify(line: str, seen: list[str]) -> tuple[str, str]:
 
 def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, str]:
     """vLLM's liveness, read on the head as `pulumi refresh` reads it."""
-    target = _target(node, key)
+    target = node_target(node, key)
     name = node["containers"][api_role(node)]
     try:
         proc = ssh.run(target, liveness_commands.inspect_script(name, check),
@@ -268,7 +268,9 @@ def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, st
     return classify(lines[-1], seen)
 
 
-def _target(node: dict[str, Any], key: str) -> ssh.Target:
+def node_target(node: dict[str, Any], key: str) -> ssh.Target:
+    """The SSH target of a node as the stack's outputs give it: what status, status --watch,
+    top and bench reach every node with."""
     return ssh.Target(node=node["name"], host=node["host"], port=int(node["port"]),
                       user=node["user"], private_key=key, host_key=node.get("hostKey") or None)
 

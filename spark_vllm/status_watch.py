@@ -11,7 +11,7 @@ from typing import Any
 
 from . import top_data
 from .components import node_memory, ssh
-from .status_report import Report, _target, api_role, collect
+from .status_report import Report, api_role, collect, node_target
 
 
 def _repair(stack: Any) -> bool:
@@ -42,7 +42,7 @@ def stop_vllm(report: Report) -> None:
     if vllm and vllm[0].state == "running":
         print(f"[status] stopping {name} on {head['name']} ({report.vllm_state}) before the "
               "repair, so that its memory is seen coming back", flush=True)
-        ssh.run(_target(head, report.key), f"docker stop -t 30 {shlex.quote(name)} >/dev/null",
+        ssh.run(node_target(head, report.key), f"docker stop -t 30 {shlex.quote(name)} >/dev/null",
                 timeout=60 + 2 * ssh.CONNECT_TIMEOUT_S)
 
 
@@ -55,7 +55,7 @@ def memory_problems(report: Report, wait_s: float = MEMORY_WAIT_S) -> list[str]:
         short = []
         for node in report.nodes:
             try:
-                proc = ssh.run(_target(node, report.key), node_memory.SCRIPT, timeout=30)
+                proc = ssh.run(node_target(node, report.key), node_memory.SCRIPT, timeout=30)
             except ssh.NodeUnreachableError as err:
                 short.append(f"{node['name']}: memory unknown ({err})")
                 continue

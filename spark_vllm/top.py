@@ -25,7 +25,7 @@ from typing import Any
 from . import errors, top_data
 from .components import ssh
 from .status import select_stack
-from .status_report import _target, config_secret
+from .status_report import config_secret, node_target
 
 LOG_LINES = 15
 
@@ -41,7 +41,7 @@ def container_log(snap: top_data.Snapshot, index: int) -> tuple[str, str]:
     if c.node in report.unreachable:
         return title, f"{c.node} is unreachable: {report.unreachable[c.node]}"
     try:
-        proc = ssh.run(_target(node, report.key),
+        proc = ssh.run(node_target(node, report.key),
                        f"docker logs --tail {LOG_LINES} {shlex.quote(c.name)} 2>&1", timeout=20)
     except ssh.NodeUnreachableError as err:
         return title, f"cannot read the logs: {err}"

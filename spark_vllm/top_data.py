@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .components import node_memory, ssh
-from .status_report import Report, _target, collect
+from .status_report import Report, collect, node_target
 
 # vLLM's metric names (vllm/v1/metrics/loggers.py), summed over their label sets
 GAUGES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
@@ -77,7 +77,7 @@ def read_metrics(endpoint: str, api_key: str | None, timeout: float = 5) -> Metr
 
 def node_memory_of(node: dict[str, Any], key: str) -> str:
     try:
-        proc = ssh.run(_target(node, key), node_memory.SCRIPT, timeout=20)
+        proc = ssh.run(node_target(node, key), node_memory.SCRIPT, timeout=20)
     except ssh.NodeUnreachableError:
         return "unreachable"
     gpus = node_memory.parse(proc.stdout)
