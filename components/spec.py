@@ -15,124 +15,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from .secret_check import NAMESPACE, SECRET_KEYS, SET_COMMAND
-
-# SECRET_KEYS: config keys whose values are Pulumi secrets (checked in secret_check); the spec
-# only records which are set.
-
-# Env keys the program computes per node (invariant 1). A user value would silently diverge
-# from Ray's or NCCL's view of the node, which is exactly the outage this program was made
-# after (VLLM_HOST_IP=192.168.200.12 while Ray registered the head as 10.1.230.180).
-OWNED_ENV = {
-    "VLLM_HOST_IP": "nodes[].fabricIp (or nodes[].host)",
-    "RAY_NODE_IP_ADDRESS": "nodes[].fabricIp (or nodes[].host)",
-    "RAY_OVERRIDE_NODE_IP_ADDRESS": "nodes[].fabricIp (or nodes[].host)",
-    "HOST_IP": "nodes[].fabricIp (or nodes[].host)",
-    "NCCL_SOCKET_IFNAME": "nodes[].fabricInterface",
-    "GLOO_SOCKET_IFNAME": "nodes[].fabricInterface",
-    "TP_SOCKET_IFNAME": "nodes[].fabricInterface",
-    "UCX_NET_DEVICES": "nodes[].fabricInterface",
-    "NCCL_IB_HCA": "nodes[].ibHca",
-    "RAY_ADDRESS": "nodes[0] and rayPort",
-    "VLLM_API_KEY": "apiKey (a secret)",
-    # where the API-key middleware reads the key (render/api_key_commands.py api_key_args)
-    "SPARK_VLLM_API_KEY_FILE": "apiKey (the program: its file on the API server's node)",
-    "HF_TOKEN": "hfToken (a secret)",
-    # vLLM >= 0.18 (RayExecutorV2): the driver reaches the ranks on its own node through ipc://
-    # sockets under this path, so the vLLM and Ray head containers must share it
-    "VLLM_RPC_BASE_PATH": "the Ray head's shared /tmp/ray (the program)",
-    "VLLM_CONFIG_ROOT": "the program (it holds vLLM's non-carry-over list)",
-    # vLLM's wait for its engines with several API servers or the Rust front end: the program
-    # gives it the start's own bound (vllmTimeout and what the node must do, render/commands.py
-    # start_bound_lines), so no clock of vLLM's ends a start the program still waits for
-    "VLLM_ENGINE_READY_TIMEOUT_S": "vllmTimeout (the start's bound, computed on the node)",
-}
-# Env keys the program reads (vLLM's per-step limit, from which the smoke request's bound and
-# Ray's health checks are derived) or sets unless the operator does (Ray's memory monitor and
-# health checks, render/backends/ray.py): integers, as vLLM (int()) and Ray (its config
-# parser) read them; the least value each may take.
-NUMERIC_ENV = {
-    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": 1,
-    "RAY_memory_monitor_refresh_ms": 0,
-    "RAY_health_check_timeout_ms": 1,
-    "RAY_health_check_period_ms": 1,
-    "RAY_health_check_failure_threshold": 1,
-}
-# torch.distributed's default process-group timeout for NCCL, which vLLM uses when it passes
-# none (see render/backends/native.py TORCH_PG_TIMEOUT_S)
-TORCH_PG_TIMEOUT_S = 600
-# Owned only while the program stages the model (modelStaging: download or copy): the weights
-# are then on every node before vLLM starts, and no node may fetch anything on its own.
-STAGING_ENV = {"HF_HUB_OFFLINE": "modelStaging (1 while the program stages the model)"}
-# Owned while the nodes keep compile caches (compileCache, not none): each points into the
-# node's cache directory, mounted in every container that runs a rank or the driver.
-CACHE_ENV = ("VLLM_CACHE_ROOT", "TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR",
-             "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH", "TORCH_EXTENSIONS_DIR")
-
-# vLLM flags the program derives from the spec; repeating them in vllmArgs would contradict it.
-# Each with every short alias vLLM gives it (vLLM 0.33.0's `vllm serve` flags, the table in
-# lab/vllm_sim/vllm_sim/serve_flags_0_33_0.txt; tests/unit/test_spec.py holds the two together).
-OWNED_VLLM_FLAGS = {
-    "--tensor-parallel-size": "tensorParallelSize",
-    "-tp": "tensorParallelSize",
-    "--pipeline-parallel-size": "pipelineParallelSize",
-    "-pp": "pipelineParallelSize",
-    "--distributed-executor-backend": "backend",
-    # vLLM's native multi-node (backend: native): the program gives each node its rank
-    "--nnodes": "backend and nodes",
-    "-n": "backend and nodes",
-    "--node-rank": "backend and nodes",
-    "-r": "backend and nodes",
-    "--master-addr": "backend (nodes[0]'s identity IP)",
-    "--master-port": "masterPort",
-    "--headless": "backend (every node but nodes[0])",
-    # data parallel would start more engines than the nodes' ranks: not a layout the program
-    # deploys (and vLLM's native multi-node derives its DP rank from --node-rank)
-    "--data-parallel-size": "(one engine: tensorParallelSize × pipelineParallelSize)",
-    "-dp": "(one engine: tensorParallelSize × pipelineParallelSize)",
-    "--data-parallel-rank": "(one engine)",
-    "-dpn": "(one engine)",
-    "--data-parallel-start-rank": "(one engine)",
-    "-dpr": "(one engine)",
-    "--data-parallel-size-local": "(one engine)",
-    "-dpl": "(one engine)",
-    "--data-parallel-address": "(one engine)",
-    "-dpa": "(one engine)",
-    "--data-parallel-rpc-port": "(one engine)",
-    "-dpp": "(one engine)",
-    "--data-parallel-backend": "(one engine)",
-    "-dpb": "(one engine)",
-    "--host": "apiHost",
-    "--port": "port",
-    "--served-model-name": "servedModelName",
-    "--api-key": "apiKey (a secret)",
-    "--revision": "modelRevision",
-}
+from .spec_base import Strict, pydantic_problems
+from .spec_checks import (  # noqa: F401  (the tables' public names stay importable from spec)
+    CACHE_ENV,
+    NUMERIC_ENV,
+    OWNED_ENV,
+    STAGING_ENV,
+    TORCH_PG_TIMEOUT_S,
+    cluster_problems,
+    node_problems,
+    settings_problems,
+)
+from .vllm_flags import OWNED_VLLM_FLAGS, owned_vllm_flags  # noqa: F401
 
 _NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 _IFACE_RE = r"^[A-Za-z0-9_.:-]{1,15}$"  # Linux IFNAMSIZ is 16 including the NUL
-_ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # fullmatch: $ would let "A\n" through
-# Control characters (Unicode Cc: C0, DEL, C1) but tab, refused in vllmArgs and env: NUL cannot
-# be in an argv or an environment at all (C strings: cut short, or the run fails), and the rest
-# would reach the operator's terminal raw in the rendered `docker run` that Pulumi's diffs and
-# errors show (a CR or an ESC sequence rewrites what is displayed, a newline splits one argument
-# over lines) and could not go into a KEY=value-a-line env-file. A tab is plain whitespace: it
-# survives the quoting, displays as itself, and a JSON value or a template may hold one.
-_CONTROL_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-# huggingface_hub's repo id: namespace/name, each [\w.-] without "--" or ".." (validators.py)
-_HF_REPO_RE = re.compile(r"^(?!.*(--|\.\.))[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9_][A-Za-z0-9_.-]{0,95}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True, strict=True
-    )
-
-
-class NodeSpec(_Strict):
+class NodeSpec(Strict):
     """One GPU host. The first node is the Ray head and runs the API server."""
 
     name: str  # container labels and resource names: [a-z0-9-], unique
@@ -199,7 +103,7 @@ DEFAULT_FABRIC_MIN_BUS_BANDWIDTH_GBS = 10.0
 FABRIC_MESSAGE_MAX_MIB = 256  # never the 16 GB message that froze a Spark (playbooks issue 102)
 
 
-class FabricCheckSettings(_Strict):
+class FabricCheckSettings(Strict):
     """`fabricCheck:`, the collective run across the nodes before any rank (inert until the
     check is in the graph)."""
 
@@ -220,7 +124,7 @@ class FabricCheckSettings(_Strict):
     timeout: int = Field(90, ge=10, le=600)  # s: the whole run on every node
 
 
-class _Settings(_Strict):
+class _Settings(Strict):
     """Top-level keys other than `nodes`; defaults live here and nowhere else."""
 
     image: str = Field(min_length=1, pattern=r"^[^\s]+$")
@@ -311,7 +215,7 @@ class _Settings(_Strict):
 
     @field_validator("compile_cache")
     @classmethod
-    def _cache_path(cls, v: str) -> str:
+    def _cacheconfig_path(cls, v: str) -> str:
         if v not in ("", "none") and (not posixpath.isabs(v) or re.search(r"[\s:]", v)):
             raise ValueError('must be an absolute path on the nodes without spaces or ":", '
                              '"none", or unset (beside hfCache)')
@@ -385,220 +289,6 @@ class SpecError(ValueError):
         )
 
 
-def _printable(text: str) -> str:
-    """`text` with its control characters escaped (`\\n`), so a problem stays one line."""
-    return _CONTROL_RE.sub(lambda m: repr(m.group())[1:-1], text)
-
-
-def _control_problem(path: str, text: str) -> str | None:
-    m = _CONTROL_RE.search(text)
-    if m is None:
-        return None
-    return (f"{path}: contains control character {m.group()!r}; write it on one line of plain "
-            "text (tab is fine)")
-
-
-def _path(prefix: str, loc: tuple[Any, ...]) -> str:
-    out = prefix
-    for part in loc:  # pydantic reports the alias (camelCase) the user wrote
-        name = _printable(str(part))
-        out += f"[{part}]" if isinstance(part, int) else ("." if out else "") + name
-    return out
-
-
-def _pydantic_problems(prefix: str, err: ValidationError) -> list[str]:
-    problems = []
-    for e in err.errors(include_url=False):
-        loc = tuple(e["loc"])
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key (a typo?)"
-        elif e["type"] == "model_type":  # pydantic would name the class
-            msg = "expected a mapping of its keys (docs/configuration.md)"
-        problems.append(f"{_path(prefix, loc)}: {msg}")
-    return problems
-
-
-def _node_problems(i: int, node: NodeSpec) -> list[str]:
-    p = f"nodes[{i}]"
-    out = []
-    if node.fabric_ip and not node.fabric_interface:
-        out.append(f"{p}.fabricInterface: required when fabricIp is set")
-    if node.fabric_interface and not node.fabric_ip:
-        out.append(f"{p}.fabricIp: required when fabricInterface is set")
-    if not node.fabric_ip:
-        try:
-            ipaddress.ip_address(node.host)
-        except ValueError:
-            out.append(
-                f"{p}.host: {node.host!r} is not an IP literal; the node identity must be an IP "
-                f"(set {p}.fabricIp, or give host as an address)"
-            )
-    return out
-
-
-def _address(text: str) -> str:
-    """A host as compared: an IP literal as its address (`FD00:0::1` is `fd00::1`, an
-    IPv4-mapped IPv6 its IPv4), a name without case, surrounding whitespace or the root's dot."""
-    text = text.strip().lower()
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        return text.rstrip(".") or text
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
-        return str(ip.ipv4_mapped)
-    return ip.compressed
-
-
-def _cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
-    out = []
-    seen: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        if n.name in seen:
-            out.append(f"nodes[{i}].name: {n.name!r} already used by nodes[{seen[n.name]}]")
-        seen.setdefault(n.name, i)
-    # one SSH endpoint is one machine: two nodes there would share its containers and GPUs
-    endpoints: dict[tuple[str, int], int] = {}
-    for i, n in enumerate(nodes):
-        host = _address(n.host)
-        if (host, n.port) in endpoints:
-            shown = f"[{host}]" if ":" in host else host
-            out.append(f"nodes[{i}].host: same SSH endpoint as nodes[{endpoints[host, n.port]}] "
-                       f"({_printable(shown)}:{n.port}); each node needs its own")
-        endpoints.setdefault((host, n.port), i)
-    idents: dict[str, int] = {}
-    for i, n in enumerate(nodes):
-        field = "fabricIp" if n.fabric_ip else "host"
-        ident = _address(n.identity_ip)
-        if ident in idents:
-            out.append(
-                f"nodes[{i}].{field}: identity {ident} already used by nodes[{idents[ident]}]; "
-                "vLLM requires a unique IP per node"
-            )
-        idents.setdefault(ident, i)
-    gpus = sum(n.gpus for n in nodes)
-    world = s.tensor_parallel_size * s.pipeline_parallel_size
-    if world != gpus:
-        out.append(
-            f"tensorParallelSize: tensorParallelSize × pipelineParallelSize = "
-            f"{s.tensor_parallel_size} × {s.pipeline_parallel_size} = {world} must equal the GPUs "
-            f"of all nodes ({gpus})"
-        )
-    elif s.backend == "native" and len({n.gpus for n in nodes}) > 1:
-        # vLLM gives every node world_size / nnodes local ranks (engine/arg_utils.py,
-        # local_world_size = world_size // nnodes)
-        out.append("nodes: backend native runs world_size / nnodes ranks on every node; the "
-                   "nodes' gpus differ (" + ", ".join(f"{n.name}: {n.gpus}" for n in nodes)
-                   + "): give every node the same gpus, or use backend: ray")
-    return out
-
-
-def _settings_problems(s: _Settings) -> list[str]:
-    out = []
-    if s.wedge_window < s.canary_timeout:
-        out.append(f"wedgeWindow: {s.wedge_window} s is shorter than canaryTimeout "
-                   f"({s.canary_timeout} s); the counter is watched for at least the canary's "
-                   "wait")
-    if s.port == s.ray_port and s.backend == "ray":
-        out.append(f"port: {s.port} is also rayPort; the API server and Ray's GCS need their own")
-    if s.port == s.master_port and s.backend == "native":
-        out.append(f"port: {s.port} is also masterPort; the API server and rank 0's rendezvous "
-                   "need their own")
-    for key in s.env:
-        shown = _printable(key)
-        if key in STAGING_ENV and s.model_staging != "none":
-            out.append(f"env.{key}: set by the program while modelStaging is "
-                       f"{s.model_staging}; remove it from env (or set modelStaging: none)")
-        elif key in CACHE_ENV and s.compile_cache != "none":
-            out.append(f"env.{key}: set by the program to the node's compileCache directory; "
-                       "remove it from env (or set compileCache: none)")
-        elif key in OWNED_ENV:
-            out.append(f"env.{key}: set by the program from {OWNED_ENV[key]}; remove it from env")
-        elif not _ENV_KEY_RE.fullmatch(key):
-            out.append(f"env.{shown}: not a valid environment variable name")
-    for key, value in s.env.items():
-        if problem := _control_problem(f"env.{_printable(key)}", str(value)):
-            out.append(problem)
-        elif key in NUMERIC_ENV and not (str(value).strip().isdigit()
-                                         and int(value) >= NUMERIC_ENV[key]):
-            out.append(f"env.{key}: {_printable(str(value))!r} is not a whole number of at "
-                       f"least {NUMERIC_ENV[key]}")
-    if s.image_staging == "copy" and "@" in s.image:
-        out.append(f"image: {s.image!r} names a registry digest; imageStaging copy moves the "
-                   "image with docker save and load, which keep tags and not registry digests: "
-                   "name it by tag and pin it with imageDigest")
-    if s.image_staging == "none" and s.image_pull == "always":
-        out.append("imagePull: always pulls on every node, imageStaging: none never fetches the "
-                   "image; choose one (imageStaging: pull, or imagePull: never)")
-    if s.model_staging != "none" and not _HF_REPO_RE.match(s.model):
-        out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
-                   f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
-                   "path or a model the nodes already have")
-    fc = s.fabric_check
-    if fc.max_latency_64k < fc.max_latency_8k:
-        out.append(f"fabricCheck.maxLatency64k: {fc.max_latency_64k:g} µs is below maxLatency8k "
-                   f"({fc.max_latency_8k:g} µs); a 64 KiB all-reduce takes at least as long as "
-                   "an 8 KiB one")
-    if isinstance(s.max_model_len, int) and not 16 <= s.max_model_len <= 10**8:
-        out.append(f"maxModelLen: {s.max_model_len} is not a context length (16 or more)")
-    for j, arg in enumerate(s.vllm_args):
-        if problem := _control_problem(f"vllmArgs[{j}]", arg):
-            out.append(problem)
-        spelled = _printable(arg.split("=", 1)[0])
-        if s.max_model_len is not None and owned_vllm_flags(arg, ("--max-model-len",)):
-            out.append(f"vllmArgs[{j}]: --max-model-len is set by the program from maxModelLen "
-                       "(remove one of them)")
-        if (s.backend == "native" and s.join_timeout > TORCH_PG_TIMEOUT_S
-                and owned_vllm_flags(arg, ("--distributed-timeout-seconds",))):
-            out.append(f"vllmArgs[{j}]: --distributed-timeout-seconds is set by the program from "
-                       f"joinTimeout ({s.join_timeout} s, above torch's {TORCH_PG_TIMEOUT_S} s); "
-                       "remove one of them")
-        flags = owned_vllm_flags(arg)
-        for flag in flags:
-            if flag == spelled:
-                read_as = ""
-            elif len(flags) == 1:
-                read_as = f" (vLLM reads {spelled} as {flag})"
-            else:  # ambiguous to vLLM's parser too (it exits); each owned flag is named
-                read_as = f" ({spelled} abbreviates it, among others)"
-            out.append(f"vllmArgs[{j}]: {flag} is set by the program from "
-                       f"{OWNED_VLLM_FLAGS[flag]}{read_as}")
-    return out
-
-
-def owned_vllm_flags(arg: str, owned: Sequence[str] = tuple(OWNED_VLLM_FLAGS)) -> list[str]:
-    """The program-owned flags `arg` may stand for, as `vllm serve` parses it.
-
-    vLLM's FlexibleArgumentParser (vllm/utils/argparse_utils.py) reads `_` as `-` in a long
-    flag's name (up to its first `.`, the JSON-path separator; `-x.a` is `-x` too), then plain
-    argparse with allow_abbrev (vLLM never turns it off):
-    - an exact option string is itself, before any abbreviation (`-dp` is not `-dpl`);
-    - any prefix of a long flag stands for it: `--tensor_parallel_size=2`, `--tensor-parallel`;
-    - any prefix of a single-dash alias too: vLLM 0.26.0 (Python 3.12) read `-t 4` as
-      `-tp 4`; recent argparse also splits `-t=4` at its `=` first (3.11's leaves it unknown);
-    - a one-letter alias takes its value attached: `-n2` is `-n 2`, `-rX` is `-r X`.
-    What this cannot know: the other flags of the vLLM in the image. A prefix shared with a
-    flag that is not owned (`--p`: --pipeline-parallel-size, --port, --prefix-caching-hash-algo
-    …; `-d`: -dp, -dcp …) is ambiguous to argparse, which exits: it is refused here too, naming
-    every owned flag it could be, so that an image whose vLLM lacks the other flag, where it
-    would resolve, is covered. A non-owned flag that equals a prefix of an owned one would be
-    refused wrongly; vLLM 0.33.0 has none (tests/unit/test_spec.py checks its whole table).
-    """
-    name = arg.split("=", 1)[0].split(".", 1)[0]
-    if name.startswith("--"):
-        name = name.replace("_", "-")
-        candidates = [f for f in owned if f.startswith("--")]
-        if name == "--":
-            return []
-    elif name.startswith("-") and len(name) > 1:
-        candidates = [f for f in owned if not f.startswith("--")]
-    else:
-        return []
-    if name in candidates:
-        return [name]
-    return [f for f in candidates if f.startswith(name) or (len(f) == 2 and name.startswith(f))]
-
-
 def keyscan_command(node: NodeSpec) -> str:
     """The OpenSSH command that prints the key to pin for `node`."""
     port = f"-p {node.port} " if node.port != 22 else ""
@@ -646,10 +336,10 @@ def parse_spec(
             try:
                 node = NodeSpec.model_validate(dict(rn))
             except ValidationError as err:
-                problems += _pydantic_problems(f"nodes[{i}]", err)
+                problems += pydantic_problems(f"nodes[{i}]", err)
                 nodes_ok = False
                 continue
-            problems += _node_problems(i, node)
+            problems += node_problems(i, node)
             nodes.append(node)
 
     settings = None
@@ -659,13 +349,13 @@ def parse_spec(
     try:
         settings = _Settings.model_validate(top)
     except ValidationError as err:
-        problems += _pydantic_problems("", err)
+        problems += pydantic_problems("", err)
     if settings is not None and not settings.insecure_accept_any_host_key:
         problems += [host_key_problem(i, n) for i, n in enumerate(nodes) if not n.host_key]
     if settings is not None:
-        problems += _settings_problems(settings)
+        problems += settings_problems(settings)
         if nodes_ok:
-            problems += _cluster_problems(nodes, settings)
+            problems += cluster_problems(nodes, settings)
     if problems or settings is None:
         raise SpecError(problems)
     return ClusterSpec(
