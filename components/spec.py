@@ -30,6 +30,7 @@ from .spec_checks import (  # noqa: F401  (the tables' public names stay importa
     node_problems,
     settings_problems,
 )
+from .spec_models import GatewaySettings, ServedModel, models_problems, placed_nodes, view_settings
 from .vllm_flags import OWNED_VLLM_FLAGS, owned_vllm_flags  # noqa: F401
 
 _NAME_RE = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
@@ -134,7 +135,8 @@ class _Settings(Strict):
     # lacks that image id gets it from the head over the fabric, only the layers it lacks), none
     # (every node has it already: nothing is pulled or copied, the image check only)
     image_staging: Literal["pull", "copy", "none"] = "pull"
-    model: str = Field(min_length=1, pattern=r"^[^\s]+$")
+    # the one model (required without `models:`; with it, each entry holds its own)
+    model: str | None = Field(None, min_length=1, pattern=r"^[^\s]+$")
     # what vLLM loads: a branch, tag or commit of the Hugging Face repo (None: main)
     model_revision: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
     # how the weights reach the nodes (staging.py): fetched once on the head when missing
@@ -144,7 +146,7 @@ class _Settings(Strict):
     # pins the image's content: its image id or registry digest, the same on every node
     image_digest: str | None = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
     served_model_name: str | None = Field(None, pattern=r"^[^\s]+$")
-    tensor_parallel_size: int = Field(ge=1)
+    tensor_parallel_size: int | None = Field(None, ge=1)  # required as model is
     pipeline_parallel_size: int = Field(1, ge=1)
     port: int = Field(8000, ge=1, le=65535)
     api_host: str = "0.0.0.0"
@@ -193,6 +195,14 @@ class _Settings(Strict):
     max_model_len: int | Literal["auto"] | None = None
     fabric_check: FabricCheckSettings = Field(
         default_factory=lambda: FabricCheckSettings.model_validate({}))
+    # several models on the nodes (spec_models.py), behind one gateway on the head
+    models: tuple[ServedModel, ...] | None = None
+    gateway: GatewaySettings = Field(default_factory=lambda: GatewaySettings.model_validate({}))
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _models_tuple(cls, v: Any) -> Any:
+        return tuple(v) if isinstance(v, list) else v
 
     @field_validator("env", mode="before")
     @classmethod
@@ -237,6 +247,8 @@ class ClusterSpec:
     nodes: tuple[NodeSpec, ...]
     settings: _Settings
     secrets_set: frozenset[str]  # which of SECRET_KEYS are present (values stay in Pulumi)
+    # one of several served models (spec_models.py): its name, in every container's name
+    model_key: str | None = None
 
     def __getattr__(self, item: str) -> Any:  # spec.image, spec.port … read through
         return getattr(self.settings, item)
@@ -272,6 +284,21 @@ class ClusterSpec:
             root = posixpath.join(posixpath.dirname(self.settings.hf_cache.rstrip("/")) or "/",
                                   "spark-vllm-compile")
         return posixpath.join(root, self.stack)
+
+    @property
+    def several(self) -> bool:
+        """The stack serves several models (`models:`), behind the gateway."""
+        return self.settings.models is not None
+
+    def views(self) -> list[ClusterSpec]:
+        """One ClusterSpec per served model: its nodes, its settings, its model_key. A stack
+        without `models:` is its own one view."""
+        if self.settings.models is None:
+            return [self]
+        return [ClusterSpec(stack=self.stack, nodes=tuple(placed_nodes(m, self.nodes)),
+                            settings=view_settings(self.settings, i, m),
+                            secrets_set=self.secrets_set, model_key=m.name)
+                for i, m in enumerate(self.settings.models)]
 
     @property
     def user_env(self) -> dict[str, str]:
@@ -356,6 +383,9 @@ def parse_spec(
         problems += settings_problems(settings)
         if nodes_ok:
             problems += cluster_problems(nodes, settings)
+            if settings.models is not None:
+                problems += models_problems(settings, nodes, set(top), settings_problems,
+                                            cluster_problems)
     if problems or settings is None:
         raise SpecError(problems)
     return ClusterSpec(

@@ -123,6 +123,8 @@ def cluster_problems(nodes: list[NodeSpec], s: _Settings) -> list[str]:
                 "vLLM requires a unique IP per node"
             )
         idents.setdefault(ident, i)
+    if s.tensor_parallel_size is None:
+        return out  # several models (each checks its own layout), or named missing already
     gpus = sum(n.gpus for n in nodes)
     world = s.tensor_parallel_size * s.pipeline_parallel_size
     if world != gpus:
@@ -177,7 +179,13 @@ def settings_problems(s: _Settings) -> list[str]:
     if s.image_staging == "none" and s.image_pull == "always":
         out.append("imagePull: always pulls on every node, imageStaging: none never fetches the "
                    "image; choose one (imageStaging: pull, or imagePull: never)")
-    if s.model_staging != "none" and not HF_REPO_RE.match(s.model):
+    if s.models is None:
+        out += [f"{key}: required (or list the served models under models: "
+                "docs/configuration.md#several-models)"
+                for key, value in (("model", s.model), ("tensorParallelSize",
+                                                        s.tensor_parallel_size))
+                if value is None]
+    if s.model and s.model_staging != "none" and not HF_REPO_RE.match(s.model):
         out.append(f"model: {s.model!r} is not a Hugging Face repo id (org/name); modelStaging "
                    f"{s.model_staging} stages repos into hfCache: set modelStaging: none for a "
                    "path or a model the nodes already have")

@@ -25,6 +25,7 @@ from . import errors
 PROJECT_ENV = "SPARK_VLLM_PROJECT"  # how the subcommands learn the project directory
 TEMPLATE_FILES = {"Pulumi.yaml": "Pulumi.yaml", "__main__.py": "__main__.py",
                   "gitignore": ".gitignore", "stack.example.yaml": "stack.example.yaml",
+                  "stack.models.example.yaml": "stack.models.example.yaml",
                   "preview.yml": ".github/workflows/spark-vllm-preview.yml"}
 
 
