@@ -62,6 +62,9 @@ def estimate_flags(spec: ClusterSpec) -> dict[str, Any]:
 
 
 def payload(spec: ClusterSpec) -> dict[str, Any]:
+    if spec.several:  # the whole set, per node, in start order (scripts/memory_check.py)
+        return {"hf": spec.hf_cache, "models": [_model(v) for v in spec.views()],
+                "nodes": _nodes(spec)}
     return {"hf": spec.hf_cache, "model": spec.model, "revision": spec.model_revision or "main",
             "tp": spec.tensor_parallel_size, "pp": spec.pipeline_parallel_size,
             "utilization": node_memory.utilization(spec.vllm_args),
@@ -71,8 +74,25 @@ def payload(spec: ClusterSpec) -> dict[str, Any]:
             # stack's own, given back before the new vLLM starts)
             "vllmContainer": commands.container_name(
                 spec, commands.VLLM if spec.backend == "ray" else commands.LEADER),
-            "nodes": [{"name": n.name, "ip": n.identity_ip, "user": n.user, "port": n.port,
-                       "hostKey": n.host_key or ""} for n in spec.nodes]}
+            "nodes": _nodes(spec)}
+
+
+def _nodes(spec: ClusterSpec) -> list[dict[str, Any]]:
+    return [{"name": n.name, "ip": n.identity_ip, "user": n.user, "port": n.port,
+             "hostKey": n.host_key or ""} for n in spec.nodes]
+
+
+def _model(view: ClusterSpec) -> dict[str, Any]:
+    """One served model's part of the set's payload: its estimate's inputs, its nodes, and its
+    container on each (rank 0's on its first node)."""
+    return {"key": view.model_key, "model": view.model,
+            "revision": view.model_revision or "main",
+            "tp": view.tensor_parallel_size, "pp": view.pipeline_parallel_size,
+            "utilization": node_memory.utilization(view.vllm_args),
+            "autoLength": view.max_model_len == "auto", "flags": estimate_flags(view),
+            "containers": {n.name: commands.container_name(
+                view, commands.LEADER if i == 0 else commands.RANK)
+                for i, n in enumerate(view.nodes)}}
 
 
 def _source(*parts: str) -> str:

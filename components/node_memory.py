@@ -128,3 +128,37 @@ def shortfall(node: str, gpus: list[GpuMemory], util: float) -> str | None:
             return (f"{node}: GPU {i}: {g.describe()}; vLLM needs {util:g} × "
                     f"{g.total_bytes / 2**30:.1f} = {need / 2**30:.1f} GiB free to start")
     return None
+
+
+def start_order_free(total_bytes: int, free_bytes: int, held: float,
+                     shares: list[tuple[str, float]]) -> list[tuple[str, int]]:
+    """Several models on one node (spec_models.py), started in order: the free memory each one
+    sees at its start. vLLM takes utilization × total for itself at start (its KV cache fills
+    the budget), so the second start sees the first's share gone. `held`: the utilizations of
+    the stack's own models running there now, summed: the ones this `up` replaces give theirs
+    back first, and the ones it keeps are counted in `shares` again, so the whole set is
+    checked as it will run."""
+    free = min(total_bytes, free_bytes + int(held * total_bytes))
+    out = []
+    for name, util in shares:
+        out.append((name, free))
+        free -= int(util * total_bytes)
+    return out
+
+
+def share_lines(node: str, total_bytes: int, free_bytes: int, held: float,
+                shares: list[tuple[str, float]]) -> list[str]:
+    """A node's shares, for the refusal: every model's utilization × total, then the sum
+    against what the node has free."""
+    gib = 2 ** 30
+    lines = [f"{node}: total {total_bytes / gib:.1f} GiB, free now {free_bytes / gib:.1f} GiB"
+             + (f" (+ {held * total_bytes / gib:.1f} GiB of this stack's models running there)"
+                if held else "")]
+    lines += [f"  {name}: {util:g} × {total_bytes / gib:.1f} = {util * total_bytes / gib:.1f} GiB"
+              for name, util in shares]
+    want = sum(u for _, u in shares)
+    have = min(total_bytes, free_bytes + int(held * total_bytes))
+    lines.append(f"  together: {want:g} × total = {want * total_bytes / gib:.1f} GiB of "
+                 f"{have / gib:.1f} GiB free" + (" — does not fit" if want * total_bytes > have
+                                                 else ""))
+    return lines

@@ -23,6 +23,7 @@ from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
 from .render import backends, commands, liveness_commands
+from .several import deploy_several
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
 from .staging import ModelStaging, ModelStagingArgs
 from .vllm_service import VllmService, VllmServiceArgs
@@ -137,6 +138,9 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         SparkNode(n.name, SparkNodeArgs(spec=spec, node=n, ssh_private_key=secrets.ssh_private_key))
         for n in spec.nodes
     ]
+    if spec.several:
+        return deploy_several(spec, nodes, secrets.ssh_private_key, secrets.hf_token,
+                              secrets.api_key)
     # before any container: one image everywhere (the head's copied to the others, with
     # imageStaging copy), the weights on the head
     image_copies = ImageStaging("image", spec, nodes, ssh_private_key=secrets.ssh_private_key) \

@@ -8,7 +8,7 @@ from __future__ import annotations
 import shlex
 
 from ..spec import ClusterSpec, NodeSpec
-from .commands import LABEL, STATE_DIR_SH, prelude
+from .commands import LABEL, STATE_DIR_SH, owner, prelude
 
 # The API key lives in a file of its own on the API server's node, in a directory of the
 # stack's state dir that the API server's container mounts read-only (a directory, not the
@@ -25,7 +25,7 @@ KEY_FILE_ENV = "SPARK_VLLM_API_KEY_FILE"
 def api_key_dir(spec: ClusterSpec) -> str:
     """The key's directory on the node, as the container's argv names it: `~/` is the SSH
     user's home (expanded by the node's shell: sh_join)."""
-    return f"~/.spark-vllm/{spec.stack}/{API_KEY_DIR}"
+    return f"~/.spark-vllm/{owner(spec)}/{API_KEY_DIR}"
 
 
 def api_key_args(spec: ClusterSpec) -> list[str]:
@@ -53,7 +53,7 @@ def api_key_script(spec: ClusterSpec, node: NodeSpec) -> str:
     d = f'{STATE_DIR_SH}"$stack"/{API_KEY_DIR}'
     return "\n".join([
         *prelude(spec, node, "API key"),
-        f"stack={shlex.quote(spec.stack)}",
+        f"stack={shlex.quote(owner(spec))}",
         f"umask 077; mkdir -p {d}; cd {d}",
         "trap 'rm -f .key.new' EXIT",
         "cat > .key.new",
@@ -70,9 +70,13 @@ def api_key_remove_script(spec: ClusterSpec, node: NodeSpec) -> str:
     new key command (and container) before the engine deletes the old command, at the end."""
     return "\n".join([
         *prelude(spec, node, "remove API key"),
-        f"stack={shlex.quote(spec.stack)}",
-        f'if [ -n "$(docker ps -aq --filter label={LABEL}.stack="$stack" '
-        f'--filter volume={KEY_MOUNT} 2>/dev/null)" ]; then',
+        f"stack={shlex.quote(owner(spec))}",
+        # the stack's label is the stack's (a served model's containers add their model's)
+        (f'if [ -n "$(docker ps -aq --filter label={LABEL}.stack="$stack" '
+         if spec.model_key is None else
+         f"if [ -n \"$(docker ps -aq --filter label={LABEL}.stack={shlex.quote(spec.stack)} "
+         f"--filter label={LABEL}.model={shlex.quote(spec.model_key)} ")
+        + f'--filter volume={KEY_MOUNT} 2>/dev/null)" ]; then',
         '  log "kept: a container of this stack still reads it"; exit 0',
         "fi",
         f'rm -f {STATE_DIR_SH}"$stack"/{API_KEY_DIR}/{API_KEY_FILE} '

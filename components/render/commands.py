@@ -93,9 +93,16 @@ _VLLM_ENTRY_SH = ('export PYTHONPATH="$VLLM_CONFIG_ROOT${PYTHONPATH:+:$PYTHONPAT
                   '&& exec vllm "$@"')
 
 
+def owner(spec: ClusterSpec) -> str:
+    """Whose containers and node files these are: the stack, or one of its served models
+    (`<stack>.<model>`, spec_models.py). A single-model stack's names are as they always were."""
+    return spec.stack if spec.model_key is None else f"{spec.stack}.{spec.model_key}"
+
+
 def container_name(spec: ClusterSpec, role: str) -> str:
-    """Fixed per stack and role (invariant 4): a rerun finds and replaces its own leftovers."""
-    return f"{LABEL}-{spec.stack}-{role}"
+    """Fixed per stack (and served model) and role (invariant 4): a rerun finds and replaces
+    its own leftovers."""
+    return f"{LABEL}-{owner(spec)}-{role}"
 
 
 def env_file_name(role: str) -> str:
@@ -159,6 +166,7 @@ def docker_run_argv(
         "--label", f"{LABEL}.role={role}",
         "--label", f"{LABEL}.node={node.name}",
         "--label", f"{LABEL}.identity={node.identity_ip}",
+        *(["--label", f"{LABEL}.model={spec.model_key}"] if spec.model_key else []),
         "--network", "host", "--ipc", "host", "--shm-size", spec.shm_size,
     ]
     if spec.docker_gpus != "none":
@@ -221,7 +229,7 @@ def remove_script(spec: ClusterSpec, node: NodeSpec, role: str) -> str:
     """`delete` of a container command: idempotent (invariant 4)."""
     return "\n".join([
         *prelude(spec, node, f"remove {role}"),
-        f"stack={shlex.quote(spec.stack)}",
+        f"stack={shlex.quote(owner(spec))}",
         f"name={shlex.quote(container_name(spec, role))}",
         'log "stopping $name"',
         *_remove_lines("name", env_file_name(role)),
@@ -331,7 +339,7 @@ def start_script(spec: ClusterSpec, node: NodeSpec, role: str, argv: list[str], 
     """
     lines = [
         *prelude(spec, node, role),
-        f"stack={shlex.quote(spec.stack)}",
+        f"stack={shlex.quote(owner(spec))}",
         f"name={shlex.quote(container_name(spec, role))}",
         f"umask 077; mkdir -p {STATE_DIR_SH}\"$stack\"; cd {STATE_DIR_SH}\"$stack\"",
         *([f"cat > {shlex.quote(env_file_name(role))}"] if not serves else [

@@ -13,7 +13,7 @@ import shlex
 
 from .. import ssh
 from ..spec import ClusterSpec, NodeSpec
-from .commands import LABEL, PROGRESS_EVERY_S, prelude, script_text
+from .commands import LABEL, PROGRESS_EVERY_S, owner, prelude, script_text
 
 MODEL_ROLE = "model"
 # In a staging command's stdin: the secret part (the env-file with HF_TOKEN, or the SSH key the
@@ -78,7 +78,7 @@ def stage_script(spec: ClusterSpec) -> str:
     the manifest summary (commit, files, bytes, digest) as JSON."""
     head = spec.head
     rev = spec.model_revision or "main"
-    name = f"{LABEL}-{spec.stack}-model-download"
+    name = f"{LABEL}-{owner(spec)}-model-download"
     lines = [
         *_staging_prelude(spec, head, "model", "hf.env"),
         f"rev={shlex.quote(rev)}",

@@ -66,20 +66,26 @@ def running_utilization(container: str, default: float, nm: Any) -> float | None
         return default
 
 
-def main(key: str, p: dict[str, Any]) -> int:
-    load("memory_model")
-    load("memory_profile")
-    me, nm, ssh = load("memory_estimate"), load("node_memory"), load("image_check")
-    snapshot = os.path.join(p["hf"], "hub", "models--" + p["model"].replace("/", "--"),
-                            "snapshots")
+def estimate_of(me: Any, hf: str, p: dict[str, Any]) -> Any:
+    """The model's estimate from its files in the head's hfCache (raises when unreadable)."""
+    snapshot = os.path.join(hf, "hub", "models--" + p["model"].replace("/", "--"), "snapshots")
     try:
         with open(os.path.join(os.path.dirname(snapshot), "refs", p["revision"])) as f:
             commit = f.read().strip()
     except OSError:
         commit = p["revision"]
+    model = me.read_model(os.path.join(snapshot, commit))
+    return me.estimate(model, p["tp"], p["pp"], **p["flags"])
+
+
+def main(key: str, p: dict[str, Any]) -> int:
+    load("memory_model")
+    load("memory_profile")
+    me, nm, ssh = load("memory_estimate"), load("node_memory"), load("image_check")
+    if "models" in p:
+        return several(key, p, me, nm, ssh)
     try:
-        model = me.read_model(os.path.join(snapshot, commit))
-        est = me.estimate(model, p["tp"], p["pp"], **p["flags"])
+        est = estimate_of(me, p["hf"], p)
     except (OSError, ValueError, KeyError) as err:
         print(f"[spark-vllm] memory: not checked: cannot read {p['model']} in {p['hf']} on the "
               f"head ({type(err).__name__}: {err})", file=sys.stderr)
@@ -142,6 +148,116 @@ def main(key: str, p: dict[str, Any]) -> int:
               f"{f.weights / 2**30:.2f} GiB, {what} of {f.kv_available / 2**30:.2f} GiB "
               f"({f.tokens} tokens in the KV cache)", file=sys.stderr)
     print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+HELD_SH = ("for c in {names}; do docker inspect --format '{{{{.State.Running}}}} "
+           "{{{{json .Args}}}}' \"$c\" 2>/dev/null | sed \"s|^|held $c |\" || true; done")
+
+
+def held_on(out: str, nm: Any) -> dict[str, float]:
+    """The stack's models running on a node now: container -> its --gpu-memory-utilization."""
+    held = {}
+    for line in out.splitlines():
+        parts = line.split(" ", 3)
+        if len(parts) == 4 and parts[0] == "held" and parts[2] == "true":
+            try:
+                held[parts[1]] = float(nm.flag_value(json.loads(parts[3]),
+                                                     "--gpu-memory-utilization")
+                                       or nm.DEFAULT_UTILIZATION)
+            except ValueError:
+                held[parts[1]] = nm.DEFAULT_UTILIZATION
+    return held
+
+
+def several(key: str, p: dict[str, Any], me: Any, nm: Any, ssh: Any) -> int:
+    """Several models (`models:`): per node, every model placed there in start order, each
+    seeing the free memory the ones before it left (node_memory.start_order_free), and its own
+    KV cache in its own share (where the head holds its files)."""
+    import shlex
+    ests: dict[str, Any] = {}
+    for m in p["models"]:
+        try:
+            ests[m["key"]] = estimate_of(me, p["hf"], m)
+        except (OSError, ValueError, KeyError) as err:
+            print(f"[spark-vllm] memory: {m['key']}: its KV cache not checked: cannot read "
+                  f"{m['model']} in {p['hf']} on the head ({type(err).__name__}); its share "
+                  "of each node is", file=sys.stderr)
+    report: dict[str, Any] = {}
+    unreachable: list[str] = []
+    refusals: list[str] = []
+    rows: list[Any] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, node in enumerate(p["nodes"]):
+            placed = [m for m in p["models"] if node["name"] in m["containers"]]
+            if not placed:
+                continue
+            names = " ".join(shlex.quote(m["containers"][node["name"]]) for m in placed)
+            state, out = node_memory_of(ssh, key, tmp, node,
+                                        nm.SCRIPT + HELD_SH.format(names=names) + "\n",
+                                        local=i == 0)
+            if state != "ok":
+                unreachable.append(f"the head cannot reach {node['name']} at {node['ip']} to "
+                                   f"read its free memory: {out}")
+                continue
+            gpus = nm.parse(out)
+            if gpus is None:
+                report[node["name"]] = "not checked (no nvidia-smi)"
+                continue
+            g = min(gpus, key=lambda g: g.free_mib)
+            total, free = g.total_bytes, g.free_bytes
+            held = sum(held_on(out, nm).values())
+            shares = [(m["key"], m["utilization"]) for m in placed]
+            starts = dict(nm.start_order_free(total, free, held, shares))
+            node_bad = False
+            models: dict[str, Any] = {}
+            for m in placed:
+                util, at_start = m["utilization"], starts[m["key"]]
+                est = ests.get(m["key"])
+                if est is None:
+                    ok = at_start >= util * total
+                    models[m["key"]] = {"utilization": util, "freeAtStart": at_start,
+                                        "kv": "not checked"}
+                    if not ok:
+                        node_bad = True
+                        refusals.append(f"  {node['name']} {m['key']}: {at_start / 2**30:.1f} "
+                                        f"GiB free at its start; vLLM needs {util:g} × total = "
+                                        f"{util * total / 2**30:.1f} GiB free to start")
+                    continue
+                f = me.fit(est, total, at_start, util,
+                           est.len_step if m["autoLength"] else m["flags"].get("max_model_len"))
+                rows.append((f"{node['name']} {m['key']}", f))
+                models[m["key"]] = {"utilization": util, "freeAtStart": at_start,
+                                    "weights": f.weights, "kvNeeded": f.kv_needed,
+                                    "kvAvailable": f.kv_available, "maxModelLen": f.max_model_len,
+                                    "tokens": f.tokens, "fits": f.ok}
+                if not f.ok:
+                    node_bad = True
+                    refusals.append(f"  {node['name']} {m['key']}: {f.reason}")
+            report[node["name"]] = {"source": g.source, "total": total, "free": free,
+                                    "held": held, "models": models}
+            if node_bad:  # the node's shares first, then what each model ran into
+                mine = [r for r in refusals if r.startswith(f"  {node['name']} ")]
+                refusals = [r for r in refusals if r not in mine] + [
+                    "  " + line for line in nm.share_lines(node["name"], total, free, held,
+                                                            shares)] + mine
+    if unreachable:
+        print("\n".join(unreachable), file=sys.stderr)
+        return 1
+    if refusals:
+        print("\n".join(["The models do not fit together (each node's models in start order; "
+                         "estimated from each model's own files, GiB):", *refusals,
+                         *(["  " + line for line in me.table(rows)] if rows else []),
+                         "Lower a model's --gpu-memory-utilization (its share), place it on "
+                         "other nodes, or serve fewer models."]), file=sys.stderr)
+        return 1
+    for node, r in report.items():
+        if isinstance(r, dict):
+            parts = ", ".join(f"{k} {v['utilization']:g}" for k, v in r["models"].items())
+            print(f"[spark-vllm] memory: {node}: fits: {parts} of "
+                  f"{r['total'] / 2**30:.1f} GiB ({r['free'] / 2**30:.1f} GiB free)",
+                  file=sys.stderr)
+    print(json.dumps({"checked": bool(report), "nodes": report}, sort_keys=True))
     return 0
 
 

@@ -1,0 +1,101 @@
+"""The graph of a stack with several models, under mocks: each model its own group under its
+own names, the gateway apart from them, and a change to one model reaching only its own
+containers' triggers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spark_vllm.components.render import commands as c
+from spark_vllm.components.spec import ClusterSpec, parse_spec
+from tests.unit.harness import lab_nodes, pinned, run, run_outputs
+
+CMD = "command:remote:Command"
+
+
+def two(**change: Any) -> ClusterSpec:
+    raw: dict[str, Any] = {
+        "nodes": pinned(lab_nodes(2)), "image": "vllm/image:1", "backend": "native",
+        "gateway": {"image": "ghcr.io/berriai/litellm:v1.105.7"},
+        "models": [
+            {"name": "big", "model": "org/big", "tensorParallelSize": 2,
+             "vllmArgs": ["--gpu-memory-utilization", "0.5"]},
+            {"name": "small", "model": "org/small", "tensorParallelSize": 1,
+             "nodes": ["node-2"], "vllmArgs": ["--gpu-memory-utilization", "0.3"]},
+        ]}
+    for i, kv in change.get("models", {}).items():
+        raw["models"][i].update(kv)
+    return parse_spec(raw, "test", frozenset({"sshPrivateKey", "hfToken", "apiKey"}))
+
+
+def containers(g: dict[str, Any]) -> dict[str, Any]:
+    """Every container command (its update keeps the running container), by name."""
+    return {n: r for n, r in g.items() if r.type == CMD
+            and "docker inspect --format '{{.Id}}'" in (r.plain("update") or "")}
+
+
+def test_each_model_is_its_own_group_and_the_gateway_is_on_the_head() -> None:
+    g = run(two())
+    assert set(containers(g)) == {"vllm-big-leader", "vllm-big-rank-node-2",
+                                  "vllm-small-leader", "gateway"}
+    # each model's weights staged on its own first node, before any model starts
+    assert {"model-big-stage", "model-small-stage", "model-big-copy-node-2"} <= set(g)
+    stages = {g["model-big-stage"].urn, g["model-small-stage"].urn}
+    for name in ("vllm-big-leader", "vllm-small-leader", "vllm-big-rank-node-2"):
+        assert stages <= set(g[name].dependencies), name
+    # one memory admission over the set, before every container
+    assert all(g["memory-check"].urn in g[n].dependencies for n in containers(g))
+    facts = g["memory-check"].plain("triggers")[0]
+    assert [(m["key"], m["utilization"], sorted(m["containers"])) for m in facts["models"]] == [
+        ("big", 0.5, ["node-1", "node-2"]), ("small", 0.3, ["node-2"])]
+    # container names carry the model; the stack's label stays the stack's
+    big = g["vllm-big-leader"].plain("triggers")[0]["argv"]
+    assert "spark-vllm-test.big-vllm-leader" in big
+    assert "spark-vllm.stack=test" in big and "spark-vllm.model=big" in big
+    small = g["vllm-small-leader"].plain("triggers")[0]
+    assert small["node"] == "node-2" and "--port" in small["argv"]
+    assert small["argv"][small["argv"].index("--port") + 1] == "8002"
+
+
+def test_the_gateway_routes_to_every_model_and_depends_on_none() -> None:
+    g = run(two())
+    gw = g["gateway"]
+    facts = gw.plain("triggers")[0]
+    assert facts["routes"] == [
+        {"model": "org/big", "key": "big", "apiBase": "http://192.168.231.11:8001/v1"},
+        {"model": "org/small", "key": "small", "apiBase": "http://192.168.231.12:8002/v1"}]
+    assert facts["port"] == 8000 and facts["image"] == "ghcr.io/berriai/litellm:v1.105.7"
+    model_urns = {g[n].urn for n in containers(g) if n != "gateway"}
+    assert not model_urns & set(gw.dependencies)
+    # the key LiteLLM sends upstream is a secret digest in its triggers, never the key
+    assert "upstreamKey" in gw.plain("triggers")[1]
+    assert "sk-" not in str(gw.inputs.get("triggers"))
+
+
+def test_a_change_to_one_model_reaches_only_its_own_containers() -> None:
+    before = run(two())
+    after = run(two(models={1: {"vllmArgs": ["--gpu-memory-utilization", "0.3",
+                                             "--enforce-eager"]}}))
+    changed = {n for n in containers(before)
+               if before[n].plain("triggers")[0] != after[n].plain("triggers")[0]}
+    assert changed == {"vllm-small-leader"}
+    # and the other way: the big model's args reach its two ranks, not small, not the gateway
+    after = run(two(models={0: {"vllmArgs": ["--gpu-memory-utilization", "0.5",
+                                             "--max-num-seqs", "8"]}}))
+    changed = {n for n in containers(before)
+               if before[n].plain("triggers")[0] != after[n].plain("triggers")[0]}
+    assert changed == {"vllm-big-leader", "vllm-big-rank-node-2"}
+
+
+def test_outputs_list_every_model_and_the_one_endpoint() -> None:
+    out = run_outputs(two())
+    assert out["endpoint"] == "http://10.231.0.11:8000/v1"
+    assert out["servedModelName"] == ["org/big", "org/small"]
+    assert set(out["models"]) == {"big", "small"}
+    assert out["models"]["small"]["nodes"] == ["node-2"]
+    node2 = next(n for n in out["nodes"] if n["name"] == "node-2")
+    assert node2["containers"] == {"big/vllm-rank": "spark-vllm-test.big-vllm-rank",
+                                   "small/vllm-leader": "spark-vllm-test.small-vllm-leader"}
+    node1 = next(n for n in out["nodes"] if n["name"] == "node-1")
+    assert node1["containers"]["gateway"] == "spark-vllm-test-gateway"
+    assert c.container_name(two().views()[0], c.LEADER) == "spark-vllm-test.big-vllm-leader"
