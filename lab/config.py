@@ -53,6 +53,8 @@ FABRIC_NET = f"{LAB_PREFIX}-fabric"
 BASE_IMAGE = f"{PREFIX}-base:bookworm"
 NODE_IMAGE_REPO = f"{PREFIX}-node"
 INNER_IMAGE = "spark-vllm-sim:lab"
+# the gateway of a stack with several models (lab/gateway: LiteLLM's proxy from PyPI)
+GATEWAY_IMAGE = "spark-vllm-gateway:lab"
 # The vLLM version the simulator in INNER_IMAGE plays (env VLLM_SIM_VLLM_VERSION baked in):
 # V2 mode, modelled on vLLM 0.33.0. The legacy mode (the outage image's vLLM) is built as
 # f"{INNER_IMAGE}-{LEGACY_SIM_VLLM_VERSION}" (lab/vllm_sim/README.md).

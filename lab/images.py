@@ -195,5 +195,27 @@ def ensure_inner_image(progress: Progress, force: bool = False,
     return tag
 
 
+def gateway_hash() -> str:
+    return content_hash([config.LAB_DIR / "gateway"])
+
+
+def ensure_gateway_image(progress: Progress, force: bool = False) -> str:
+    """spark-vllm-gateway:lab (lab/gateway), unless one built from the same files exists."""
+    tag = config.GATEWAY_IMAGE
+    got = docker("image", "inspect", "-f", f'{{{{index .Config.Labels "{config.LABEL_CONTENT}"}}}}',
+                 tag, check=False)
+    if not force and got == gateway_hash():
+        return tag
+    base = ensure_base(progress)
+    with progress.step(f"build gateway image {tag}"), tempfile.TemporaryDirectory() as ctx_s:
+        ctx = Path(ctx_s)
+        for f in ("Dockerfile", "requirements.txt"):
+            shutil.copy(config.LAB_DIR / "gateway" / f, ctx / f)
+        shutil.copy(_host_ca_bundle(), ctx / "host-ca.crt")
+        _build(tag, ctx, "build-gateway", {"BASE": base}, {config.LABEL_CONTENT: gateway_hash()})
+    docker("image", "prune", "-f", "--filter", f"label={config.LABEL_CONTENT}", check=False)
+    return tag
+
+
 def images_present() -> bool:
     return bool(image_id(node_image())) and docker_ok("image", "inspect", config.INNER_IMAGE)

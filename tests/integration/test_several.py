@@ -1,0 +1,143 @@
+"""Several models on one 2-node lab, behind one gateway, on the real engine, in order:
+
+1. one `pulumi up` serves two models (one across both nodes, one on node-2 alone) behind the
+   gateway on node-1; /v1/models lists both; each answers through it; the API key is required
+   on the gateway and on each model's own server;
+2. a change to one model's vllmArgs restarts that model's containers alone (docker's ids and
+   start times on the nodes);
+3. a third model that does not fit beside them (the lab's simulated GPU memory) is refused
+   with the per-node table, before any container: nothing on the nodes changed;
+4. destroy leaves no container of the stack on any node.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from lab import cluster, config, faults, nodes
+from tests.integration.conftest import API_KEY, _teardown, start_lab
+from tests.integration.engine import Lab, Run, chat, containers
+
+pytestmark = pytest.mark.integration
+
+NODES = ["node-1", "node-2"]
+GIB_MIB = 1024
+MODELS = [
+    {"name": "big", "model": "Qwen/Qwen3.5-122B-A10B-FP8", "servedModelName": "big",
+     "tensorParallelSize": 2, "vllmArgs": ["--gpu-memory-utilization", "0.5"]},
+    {"name": "small", "model": "Qwen/Qwen3.5-122B-A10B-FP8", "servedModelName": "small",
+     "tensorParallelSize": 1, "nodes": ["node-2"],
+     "vllmArgs": ["--gpu-memory-utilization", "0.3"]},
+]
+
+
+def ok(run: Run) -> Run:
+    assert run.error is None, run.failure()
+    return run
+
+
+@pytest.fixture(scope="module")
+def lab2m() -> Iterator[Lab]:
+    lab = None
+    try:
+        lab = start_lab(2)
+        head = cluster.find_node("node-1")
+        nodes.load_inner_image([head], config.GATEWAY_IMAGE)
+        for key in ("model", "tensorParallelSize", "pipelineParallelSize"):
+            lab.stack.remove_config(f"spark-vllm:{key}")
+        lab.set_all({"backend": "native", "joinTimeout": 60, "models": MODELS,
+                     "gateway": {"image": config.GATEWAY_IMAGE, "imagePull": "never"}})
+        yield lab
+    finally:
+        _teardown(lab)
+
+
+def get(url: str, key: str | None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, None
+
+
+def by_name() -> dict[str, Any]:
+    return {c.name: c for c in containers(NODES)}
+
+
+def test_one_up_serves_two_models_behind_one_endpoint(lab2m: Lab) -> None:
+    ok(lab2m.up())
+    out = lab2m.outputs()
+    endpoint = out["endpoint"]
+    assert endpoint == f"http://{cluster.find_node('node-1').mgmt_ip}:8000/v1"
+    status, listed = get(f"{endpoint}/models", API_KEY)
+    assert status == 200 and sorted(m["id"] for m in listed["data"]) == ["big", "small"]
+    # each model answers through the gateway: vllm-sim names the ranks' nodes in its reply
+    fabric = {n.name: n.fabric_ip for n in cluster.info().nodes}
+    big = chat(endpoint, "big", API_KEY)
+    assert fabric["node-1"] in big and fabric["node-2"] in big, big
+    small = chat(endpoint, "small", API_KEY)
+    assert fabric["node-2"] in small and fabric["node-1"] not in small, small
+    # the key on the gateway and on each model's own server
+    assert get(f"{endpoint}/models", None)[0] == 401
+    assert get(f"{endpoint}/models", "wrong")[0] == 401
+    for m in out["models"].values():
+        assert get(f"{m['endpoint']}/models", None)[0] == 401, m
+        assert get(f"{m['endpoint']}/models", API_KEY)[0] == 200, m
+    names = by_name()
+    assert {"spark-vllm-lab-gateway", "spark-vllm-lab.big-vllm-leader",
+            "spark-vllm-lab.big-vllm-rank", "spark-vllm-lab.small-vllm-leader"} <= set(names)
+    assert all(c.running for c in names.values())
+
+
+def test_a_change_to_one_model_restarts_it_alone(lab2m: Lab) -> None:
+    before = by_name()
+    models = json.loads(json.dumps(MODELS))
+    models[1]["vllmArgs"] = [*models[1]["vllmArgs"], "--max-num-seqs", "8"]
+    lab2m.set("models", models)
+    ok(lab2m.up())
+    after = by_name()
+    changed = {n for n in before if (before[n].id, before[n].started)
+               != (after[n].id, after[n].started)}
+    assert changed == {"spark-vllm-lab.small-vllm-leader"}, changed
+    assert chat(lab2m.outputs()["endpoint"], "small", API_KEY)
+
+
+def test_a_third_model_that_does_not_fit_is_refused_with_the_per_node_table(lab2m: Lab) -> None:
+    for n in NODES:  # 100 GiB, 95 GiB free: the lab's vLLM-sim holds none of it
+        faults.set_gpu_memory(cluster.find_node(n), 100 * GIB_MIB, 95 * GIB_MIB)
+    try:
+        before = by_name()
+        models = lab2m.get("models")
+        third = {"name": "third", "model": "Qwen/Qwen3.5-122B-A10B-FP8",
+                 "servedModelName": "third", "tensorParallelSize": 1, "nodes": ["node-2"],
+                 "vllmArgs": ["--gpu-memory-utilization", "0.4"]}
+        lab2m.set("models", [*models, third])
+        run = lab2m.up()
+        assert run.error is not None
+        text = "\n".join(run.output)
+        assert "The models do not fit together" in text, text[-3000:]
+        assert "node-2: total 100.0 GiB" in text, text[-3000:]
+        for line in ("big: 0.5 × 100.0 = 50.0 GiB", "small: 0.3 × 100.0 = 30.0 GiB",
+                     "third: 0.4 × 100.0 = 40.0 GiB"):
+            assert line in text, line
+        assert "does not fit" in text
+        after = by_name()
+        assert {n: (c.id, c.started) for n, c in after.items()} == \
+            {n: (c.id, c.started) for n, c in before.items()}
+        assert not any("third" in n for n in after)
+    finally:
+        for n in NODES:
+            faults.clear_gpu_memory(cluster.find_node(n))
+        lab2m.set("models", [m for m in lab2m.get("models") if m["name"] != "third"])
+
+
+def test_destroy_leaves_nothing(lab2m: Lab) -> None:
+    ok(lab2m.destroy())
+    assert containers(NODES) == []
