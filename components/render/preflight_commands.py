@@ -8,7 +8,17 @@ import shlex
 from collections.abc import Sequence
 
 from ..spec import ClusterSpec, NodeSpec
-from .commands import HEAD, LEADER, RANK, STATE_DIR_SH, VLLM, WORKER, container_name, prelude
+from .commands import (
+    HEAD,
+    LABEL,
+    LEADER,
+    RANK,
+    STATE_DIR_SH,
+    VLLM,
+    WORKER,
+    container_name,
+    prelude,
+)
 
 # Prints "RAY PYTHON VLLM" for an image ("none" for an image without Ray: vLLM dropped it as a
 # dependency, vllm#36170); run once per image id by the preflight. vLLM's own CLI says its
@@ -60,6 +70,21 @@ def _missing_image(spec: ClusterSpec, node: NodeSpec) -> str:
     return f"image {spec.image} is not on {node.name} ({how})"
 
 
+def stop_other_shape(spec: ClusterSpec) -> str:
+    """In each node's preflight, as stop_other_backend: a stack that goes from one model to
+    several (`models:`) stops its one model's containers (the gateway takes its port), and one
+    that goes back stops its models' and the gateway."""
+    if spec.several:
+        return stop_other_backend(spec, (HEAD, VLLM, WORKER, LEADER, RANK), "the one model")
+    q = shlex.quote
+    return (f"for old in $(docker ps -aq --filter label={LABEL}.stack={q(spec.stack)} "
+            f"--filter label={LABEL}.model) {q(container_name(spec, 'gateway'))}; do "
+            'if docker inspect "$old" >/dev/null 2>&1; then '
+            'log "stopping $old (the served models\' and gateway\'s, replaced by one model)"; '
+            'docker rm --force --volumes "$old" >/dev/null 2>&1 || fail "cannot stop $old"; '
+            "fi; done")
+
+
 def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
     """Checks one node before any container starts (invariant 5); prints a JSON summary."""
     q = shlex.quote
@@ -73,6 +98,7 @@ def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
         # a backend switch: the other backend's containers go before any new one starts
         stop_other_backend(spec, *(((HEAD, VLLM, WORKER), "ray") if spec.backend == "native"
                                    else ((LEADER, RANK), "native"))),
+        stop_other_shape(spec),
     ]
     if spec.check_gpu:
         lines += [

@@ -170,6 +170,8 @@ def spec_from(nodes: list[dict[str, Any]], stack: str = "test", **top: Any) -> C
         "tensorParallelSize": sum(n.get("gpus", 1) for n in nodes),
     }
     raw.update(top)
+    if "models" in top:  # several models: each its own model and layout (spec_models.py)
+        del raw["model"], raw["tensorParallelSize"]
     return parse_spec(raw, stack, frozenset({"sshPrivateKey", "hfToken", "apiKey"}))
 
 

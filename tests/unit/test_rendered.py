@@ -32,6 +32,11 @@ CASES: dict[str, tuple[int, dict[str, Any]]] = {
                            "copyTransport": "tcp"}),
     "four-native-pp2": (4, {"backend": "native", "tensorParallelSize": 2,
                             "pipelineParallelSize": 2, "masterPort": 29600}),
+    "duo-two-models": (2, {"backend": "native", "gateway": {"image": "litellm:1"}, "models": [
+        {"name": "big", "model": "org/big", "tensorParallelSize": 2,
+         "vllmArgs": ["--gpu-memory-utilization", "0.5"]},
+        {"name": "small", "model": "org/small", "tensorParallelSize": 1, "nodes": ["node-2"],
+         "env": {"NCCL_DEBUG": "INFO"}, "vllmArgs": ["--gpu-memory-utilization", "0.3"]}]}),
 }
 
 
