@@ -54,6 +54,24 @@ class ContainerView:
 
 
 @dataclass
+class ModelView:
+    """One served model of a stack with several (`models:`): its API server's liveness."""
+
+    key: str
+    served: str
+    node: dict[str, Any] = field(repr=False)  # its first node, which runs its API server
+    container: str = ""
+    state: str = "unknown"
+    seen: str = ""
+    utilization: float = node_memory.DEFAULT_UTILIZATION
+    nodes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.state in ("serving", "busy")
+
+
+@dataclass
 class Report:
     stack: str
     endpoint: str
@@ -75,9 +93,12 @@ class Report:
     nodes: list[dict[str, Any]] = field(default_factory=list, repr=False)
     key: str = field(default="", repr=False)
     gpu_memory_utilization: float = node_memory.DEFAULT_UTILIZATION
+    models: list[ModelView] = field(default_factory=list)  # several models: each one's
 
     @property
     def vllm_ok(self) -> bool:
+        if self.models:
+            return all(m.ok for m in self.models)
         return self.vllm_state in ("serving", "busy")
 
     @property
@@ -94,7 +115,9 @@ class Report:
         out = [f"{n}: unreachable ({why})" for n, why in self.unreachable.items()]
         out += [f"{c.node} {c.role}: {c.describe()}" for c in self.containers if not c.ok]
         out += [f"{n}: Ray: {v}" for n, v in self.ray.items() if not v.startswith("alive")]
-        if not self.vllm_ok:
+        if self.models:
+            out += [f"model {m.key}: vLLM {m.state}: {m.seen}" for m in self.models if not m.ok]
+        elif not self.vllm_ok:
             out.append(f"vLLM {self.vllm_state}: {self.vllm}")
         if not self.endpoint_ok:
             out.append(f"endpoint from here: {self.endpoint_check}")
@@ -106,6 +129,9 @@ class Report:
                 "containers": [{"node": c.node, "role": c.role, "name": c.name,
                                 "state": c.describe(), "ok": c.ok} for c in self.containers],
                 "ray": self.ray, "vllm": {"state": self.vllm_state, "seen": self.vllm},
+                **({"models": {m.key: {"servedModelName": m.served, "state": m.state,
+                                       "seen": m.seen, "ok": m.ok, "nodes": m.nodes}
+                               for m in self.models}} if self.models else {}),
                 "endpointCheck": self.endpoint_check, "unreachable": self.unreachable,
                 "compileCache": self.compile_cache,
                 "image": {"id": self.image, "mismatch": self.image_mismatch},
@@ -123,7 +149,11 @@ class Report:
             lines.append(f"{node:<12}{'cache':<12}{use}")
         for node, why in self.image_mismatch.items():
             lines.append(f"{node:<12}{'image':<12}MISMATCH: {why}")
-        lines.append(f"vLLM: {self.vllm_state}: {self.vllm}")
+        if self.models:
+            lines += [f"model {m.key} ({m.served}, on {', '.join(m.nodes)}): {m.state}: {m.seen}"
+                      for m in self.models]
+        else:
+            lines.append(f"vLLM: {self.vllm_state}: {self.vllm}")
         lines.append(f"endpoint from here: {self.endpoint_check}")
         if self.serving:
             lines.append("verdict: SERVING")
@@ -222,16 +252,17 @@ def image_mismatch(stack_image: str, held: str, containers: list[ContainerView])
     return "; ".join(runs) or None
 
 
-def _ask_endpoint(endpoint: str) -> tuple[bool, str]:
-    """/health through the endpoint, from this machine (what a client reaches)."""
-    base = endpoint.removesuffix("/v1")
+def _ask_endpoint(endpoint: str, path: str = "/health") -> tuple[bool, str]:
+    """/health through the endpoint, from this machine (what a client reaches); a gateway's
+    liveness path (several models) is /health/liveliness, LiteLLM's own."""
+    url = endpoint.removesuffix("/v1") + path
     try:
-        with urllib.request.urlopen(base + "/health", timeout=5) as resp:
-            return resp.status == 200, f"{base}/health answered {resp.status}"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status == 200, f"{url} answered {resp.status}"
     except urllib.error.HTTPError as err:
-        return False, f"{base}/health answered {err.code}"
+        return False, f"{url} answered {err.code}"
     except OSError as err:
-        return False, f"{base}/health: {getattr(err, 'reason', err)}"
+        return False, f"{url}: {getattr(err, 'reason', err)}"
 
 
 def classify(line: str, seen: list[str]) -> tuple[str, str]:
@@ -249,10 +280,12 @@ def classify(line: str, seen: list[str]) -> tuple[str, str]:
     return "dead", f"its container is {line or 'gone'}"
 
 
-def _ask_vllm(node: dict[str, Any], key: str, check: list[str]) -> tuple[str, str]:
-    """vLLM's liveness, read on the head as `pulumi refresh` reads it."""
+def _ask_vllm(node: dict[str, Any], key: str, check: list[str],
+              name: str | None = None) -> tuple[str, str]:
+    """vLLM's liveness, read on the node of its API server (the head; a served model's first
+    node) as `pulumi refresh` reads it."""
     target = node_target(node, key)
-    name = node["containers"][api_role(node)]
+    name = name or node["containers"][api_role(node)]
     try:
         proc = ssh.run(target, liveness_commands.inspect_script(name, check),
                        stdin=commands.script_text("vllm_liveness.py"),
@@ -285,6 +318,22 @@ def liveness_check(outputs: dict[str, Any]) -> list[str]:
     return liveness_commands.liveness_args(["127.0.0.1", port, outputs["servedModelName"]])
 
 
+def model_views(outputs: dict[str, Any]) -> list[ModelView]:
+    """Each served model of a stack with several (its `models` output), with the node and
+    container of its API server; [] for a single-model stack."""
+    out = []
+    for key, m in (outputs.get("models") or {}).items():
+        role = f"{key}/{commands.LEADER}"
+        node = next((n for n in outputs["nodes"] if role in n.get("containers", {})), None)
+        if node is None:
+            continue
+        out.append(ModelView(key, m.get("servedModelName", key), node, node["containers"][role],
+                             utilization=float((m.get("serving") or {}).get(
+                                 "gpuMemoryUtilization") or node_memory.DEFAULT_UTILIZATION),
+                             nodes=list(m.get("nodes") or [node["name"]])))
+    return out
+
+
 def collect(stack: Any) -> Report:
     from pulumi import automation as auto
 
@@ -307,13 +356,25 @@ def collect(stack: Any) -> Report:
                         or node_memory.DEFAULT_UTILIZATION))
     check = liveness_check(outputs)
     image_out = outputs.get("image") or {}  # a stack deployed before it existed has none
-    with ThreadPoolExecutor(max_workers=len(nodes) + 2) as pool:
-        vllm = pool.submit(_ask_vllm, nodes[0], key, check)
-        endpoint = pool.submit(_ask_endpoint, report.endpoint)
+    report.models = model_views(outputs)
+    with ThreadPoolExecutor(max_workers=len(nodes) + 2 + len(report.models)) as pool:
+        vllm = pool.submit(_ask_vllm, nodes[0], key, check) if not report.models else None
+        asked = [pool.submit(_ask_vllm, m.node, key,
+                             [str(v) for v in outputs["models"][m.key]["serving"]["check"]],
+                             m.container) for m in report.models]
+        endpoint = pool.submit(_ask_endpoint, report.endpoint,
+                               "/health/liveliness" if report.models else "/health")
         views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0,
                                                    image_out.get("name", "")),
                               range(len(nodes))))
-        report.vllm_state, report.vllm = vllm.result()
+        if vllm is not None:
+            report.vllm_state, report.vllm = vllm.result()
+        for m, answer in zip(report.models, asked, strict=True):
+            m.state, m.seen = answer.result()
+        if report.models:  # the worst model's state stands for vLLM's
+            worst = next((m for m in report.models if not m.ok), report.models[0])
+            report.vllm_state = worst.state
+            report.vllm = "; ".join(f"{m.key}: {m.state}" for m in report.models)
         report.endpoint_ok, report.endpoint_check = endpoint.result()
     ray_table = None
     report.image = image_out.get("id", "")

@@ -36,6 +36,17 @@ def stop_vllm(report: Report) -> None:
     """A wedged (or otherwise failing) vLLM that still runs holds its memory: stop it, so that
     the memory check sees what a new vLLM would get. The repair replaces it either way (its
     liveness reads "exited"). A container that no longer runs is left as it is."""
+    if report.models:  # several models: each failing one's API server, on its own node
+        for m in report.models:
+            running = [c for c in report.containers if c.name == m.container
+                       and c.state == "running"]
+            if not m.ok and running:
+                print(f"[status] stopping {m.container} on {m.node['name']} ({m.state}) "
+                      "before the repair, so that its memory is seen coming back", flush=True)
+                ssh.run(node_target(m.node, report.key),
+                        f"docker stop -t 30 {shlex.quote(m.container)} >/dev/null",
+                        timeout=60 + 2 * ssh.CONNECT_TIMEOUT_S)
+        return
     head = report.nodes[0]
     name = head["containers"][api_role(head)]
     vllm = [c for c in report.containers if c.role == api_role(head)]
@@ -49,11 +60,21 @@ def stop_vllm(report: Report) -> None:
 def memory_problems(report: Report, wait_s: float = MEMORY_WAIT_S) -> list[str]:
     """Every node whose free GPU memory stays below what vLLM needs to start, after waiting
     up to `wait_s` for it to come back; [] when all have it (or cannot say: no nvidia-smi)."""
-    util = report.gpu_memory_utilization
+    # several models: each failing model's share, on its own nodes (the others keep theirs)
+    needs = {n["name"]: report.gpu_memory_utilization for n in report.nodes}
+    if report.models:
+        needs = {}
+        for m in report.models:
+            if not m.ok:
+                for name in m.nodes:
+                    needs[name] = needs.get(name, 0.0) + m.utilization
     deadline = time.monotonic() + wait_s
     while True:
         short = []
         for node in report.nodes:
+            util = needs.get(node["name"])
+            if util is None:
+                continue
             try:
                 proc = ssh.run(node_target(node, report.key), node_memory.SCRIPT, timeout=30)
             except ssh.NodeUnreachableError as err:
