@@ -92,8 +92,9 @@ from .summary_model import (
     Summary,
     _Command,
     _Resource,
-    _role,
     _split,
+    model_keys,
+    model_role,
 )
 from .summary_render import (
     headline,
@@ -250,12 +251,21 @@ def _classify(resources: dict[str, _Resource]) -> tuple[list[_Command], dict[str
     commands: list[_Command] = []
     dead: dict[str, str] = {}
     other = 0
+    keys = model_keys([r.name for r in resources.values() if r.type == COMMAND_TYPE])
     for res in resources.values():
         if res.name == FABRIC_GATE:
             continue  # the fabric check's verdict, passed on: said by the check's row
-        role = _role(res.name) if res.type == COMMAND_TYPE or res.name == FABRIC_CHECK else None
+        role = model_role(res.name, keys) \
+            if res.type == COMMAND_TYPE or res.name == FABRIC_CHECK else None
         if role:
-            commands.append((role[0], role[1], res))
+            node, key = role[1], role[2]
+            if key is not None:  # one of several models: its node, by name or by its facts
+                if node is None:
+                    facts = next((f for f in (_split(role[0], res.new)[0],
+                                              _split(role[0], res.old)[0]) if f), None)
+                    node = str((facts or {}).get("node") or "head")
+                node = f"{node} · {key}"
+            commands.append((role[0], node, res))
             continue
         if res.name.endswith(LIVENESS_SUFFIX) and (state := _dead_state(res.states)):
             dead[res.name.removesuffix(LIVENESS_SUFFIX)] = state
@@ -280,8 +290,12 @@ def _place(commands: list[_Command]) -> tuple[list[str], dict[tuple[str, str], _
     found: dict[tuple[str, str], _Resource | None] = {}
     for role, node, res in commands:
         found[(node or head, role)] = res
+        model = f" · {node.split(' · ', 1)[1]}" if node and " · " in node else ""
         for props in (res.old, res.new):
             for key in _split(role, props)[1]:
+                if model and key.startswith("rank@"):  # a model's rank, on its node
+                    found.setdefault((key.removeprefix("rank@") + model, RANK), None)
+                    continue
                 if key in ("rayHead", "gate"):
                     found.setdefault((head, HEAD if key == "rayHead" else GATE), None)
                 elif key.startswith("rayWorker@"):

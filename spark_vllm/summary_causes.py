@@ -33,6 +33,7 @@ from .summary_model import (
     FABRIC_REFUSED,
     FILE_CAUSES,
     GATE,
+    GATEWAY,
     HEAD,
     IMAGE_COPIED,
     IMAGE_COPY,
@@ -367,6 +368,11 @@ def consequence(role: str, action: str) -> str:
         return {KEEP: "", CREATE: "the key's file is written (0600) before vLLM starts",
                 REPLACE: "the key's file is written again", DELETE: "the key's file is removed",
                 UPDATE: API_KEY_IN_PLACE}[action]
+    if role == GATEWAY:
+        return {KEEP: "keeps routing", CREATE: "the gateway starts (seconds)",
+                REPLACE: "the gateway restarts (seconds); the models keep serving",
+                DELETE: "the gateway stops: the endpoint is gone",
+                UPDATE: "nothing restarts"}[action]
     if role == VLLM:
         return {KEEP: "keeps serving", CREATE: "vLLM loads the model (minutes on a Spark)",
                 REPLACE: VLLM_RELOADS, DELETE: "vLLM stops: the endpoint is gone",

@@ -26,8 +26,9 @@ IMAGE_COPY = "image copy"  # image_staging.py: the head's image to one node (ima
 MEMORY = "memory check"  # memory_check.py
 FABRIC = "fabric check"  # fabric_check.py: a dynamic resource, and its gate (no row of its own)
 FABRIC_CHECK, FABRIC_GATE = "fabric-check", "fabric-gate"
+GATEWAY = "gateway"  # gateway.py: several models' one endpoint, on the head
 ROLE_ORDER = (PREFLIGHT, IMAGE_COPY, IMAGES, MODEL, COPY, MEMORY, FABRIC, HEAD, WORKER, GATE,
-              RANK, API_KEY, VLLM)
+              RANK, API_KEY, VLLM, GATEWAY)
 CHECKS = (PREFLIGHT, IMAGES, MEMORY, FABRIC, GATE)  # run again, start nothing
 KEEP, CREATE, REPLACE, DELETE, UPDATE = "keep", "create", "replace", "delete", "update"
 # pkg/resource/deploy/step.go ops; several steps of one resource fold into the strongest
@@ -189,7 +190,28 @@ def _role(name: str) -> tuple[str, str | None] | None:
     return {"ray-head": (HEAD, None), "ray-gate": (GATE, None), "vllm-serve": (VLLM, None),
             "vllm-leader": (VLLM, None), "vllm-api-key": (API_KEY, None),
             "image-check": (IMAGES, None), "model-stage": (MODEL, None),
-            "memory-check": (MEMORY, None), FABRIC_CHECK: (FABRIC, None)}.get(name)
+            "memory-check": (MEMORY, None), FABRIC_CHECK: (FABRIC, None),
+            "gateway": (GATEWAY, None), "gateway-api-key": (API_KEY, None)}.get(name)
+
+
+def model_keys(names: list[str]) -> list[str]:
+    """The served models of a stack with several (spark_vllm/components/several.py names each
+    model's group `vllm-<name>` and its staging `model-<name>`), longest first."""
+    keys = {n[len("vllm-"):-len("-leader")] for n in names
+            if n.startswith("vllm-") and n.endswith("-leader") and n != "vllm-leader"}
+    return sorted(keys, key=len, reverse=True)
+
+
+def model_role(name: str, keys: list[str]) -> tuple[str, str | None, str | None] | None:
+    """Role, node and served model of a command by its name: a model's commands are named as
+    a single-model stack's with `<name>-` after their first word."""
+    for key in keys:
+        for word in ("vllm-", "model-"):
+            if name.startswith(f"{word}{key}-"):
+                base = _role(word + name[len(word) + len(key) + 1:])
+                return (base[0], base[1], key) if base else None
+    base = _role(name)
+    return (base[0], base[1], None) if base else None
 
 
 def _split(role: str, props: dict[str, Any] | None) -> tuple[dict[str, Any] | None,
