@@ -23,6 +23,7 @@ import pytest
 from lab import cluster, config, faults, nodes
 from tests.integration.conftest import API_KEY, _teardown, start_lab
 from tests.integration.engine import Lab, Run, chat, containers
+from tests.integration.test_native import summary_of
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +102,11 @@ def test_a_change_to_one_model_restarts_it_alone(lab2m: Lab) -> None:
     models = json.loads(json.dumps(MODELS))
     models[1]["vllmArgs"] = [*models[1]["vllmArgs"], "--max-num-seqs", "8"]
     lab2m.set("models", models)
+    # the PR summary of the real preview: the one model's server, on its node, and nothing else
+    text = summary_of(lab2m)
+    rows = [line for line in text.splitlines() if " replace " in f" {line} "]
+    assert rows and all("node-2 · small" in r for r in rows), text
+    assert "--max-num-seqs" in text or "vllmArgs" in text, text
     ok(lab2m.up())
     after = by_name()
     changed = {n for n in before if (before[n].id, before[n].started)
