@@ -59,8 +59,10 @@ def deploy_several(spec: ClusterSpec, nodes: list[SparkNode], ssh_private_key: p
     gateway = Gateway("gateway", spec, nodes[0], api_key, after=before)
     container_ids = pulumi.Output.all(
         gateway.container.stdout, *[g.container_ids for g in groups.values()]).apply(
+        # node/role as a single-model stack's, the role as `nodes[].containers` keys it
         lambda v: {f"{spec.head.name}/{gateway_commands.GATEWAY}": v[0].strip(),
-                   **{f"{key}/{where}": cid for key, ids in zip(groups, v[1:], strict=True)
+                   **{f"{where.split('/')[0]}/{key}/{where.split('/')[1]}": cid
+                      for key, ids in zip(groups, v[1:], strict=True)
                       for where, cid in ids.items()}})
     return {
         "endpoint": gateway.endpoint,

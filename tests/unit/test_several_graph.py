@@ -96,6 +96,9 @@ def test_outputs_list_every_model_and_the_one_endpoint() -> None:
     node2 = next(n for n in out["nodes"] if n["name"] == "node-2")
     assert node2["containers"] == {"big/vllm-rank": "spark-vllm-test.big-vllm-rank",
                                    "small/vllm-leader": "spark-vllm-test.small-vllm-leader"}
+    # each container's id under its node and role, as status compares them
+    assert set(out["containerIds"]) == {"node-1/gateway", "node-1/big/vllm-leader",
+                                        "node-2/big/vllm-rank", "node-2/small/vllm-leader"}
     node1 = next(n for n in out["nodes"] if n["name"] == "node-1")
     assert node1["containers"]["gateway"] == "spark-vllm-test-gateway"
     assert c.container_name(two().views()[0], c.LEADER) == "spark-vllm-test.big-vllm-leader"
