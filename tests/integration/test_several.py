@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from lab import cluster, config, faults, nodes
+from lab import cluster, config, faults, images, nodes
+from lab.run import Progress
 from tests.integration.conftest import API_KEY, _teardown, start_lab
 from tests.integration.engine import Lab, Run, chat, containers
 from tests.integration.test_native import summary_of
@@ -49,7 +50,8 @@ def lab2m() -> Iterator[Lab]:
     try:
         lab = start_lab(2)
         head = cluster.find_node("node-1")
-        nodes.load_inner_image([head], config.GATEWAY_IMAGE)
+        # the gateway's image (LiteLLM from PyPI, built once per its files) on the head only
+        nodes.load_inner_image([head], images.ensure_gateway_image(Progress(quiet=True)))
         for key in ("model", "tensorParallelSize", "pipelineParallelSize"):
             lab.stack.remove_config(f"spark-vllm:{key}")
         lab.set_all({"backend": "native", "joinTimeout": 60, "models": MODELS,
