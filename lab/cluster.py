@@ -191,13 +191,15 @@ def _up(opts: UpOptions, p: Progress) -> LabInfo:
 
 
 def build_images(quiet: bool = False) -> dict[str, str | None]:
-    """Every image the lab runs, built unless current: the node image and vllm-sim for each
-    vLLM release it plays (CI builds them beside the engine's build, before the tests)."""
+    """Every image the lab runs, built unless current: the node image, vllm-sim for each
+    vLLM release it plays, and the gateway of several models (CI builds them beside the
+    engine's build, before the tests)."""
     p = Progress(quiet=quiet)
     with exclusive(_images_lock(), "image build", p), p.step("images"):
         tags = [images.ensure_node_image(p)]
         tags += [images.ensure_inner_image(p, vllm_version=v)
                  for v in (config.SIM_VLLM_VERSION, config.LEGACY_SIM_VLLM_VERSION)]
+        tags.append(images.ensure_gateway_image(p))
     return {tag: images.image_id(tag) for tag in tags}
 
 
