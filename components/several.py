@@ -53,7 +53,7 @@ def deploy_several(spec: ClusterSpec, nodes: list[SparkNode], ssh_private_key: p
     groups: dict[str, NativeGroup] = {}
     for v in views:
         copies = stagings[v.model_key].copy(after=before) if v.model_key in stagings else []
-        groups[v.model_key] = NativeGroup(f"vllm-{v.model_key}", NativeGroupArgs(
+        groups[str(v.model_key)] = NativeGroup(f"vllm-{v.model_key}", NativeGroupArgs(
             spec=v, nodes=[by_name[n.name] for n in v.nodes], hf_token=hf_token,
             api_key=api_key, after=tuple(before + copies)))
     gateway = Gateway("gateway", spec, nodes[0], api_key, after=before)

@@ -263,11 +263,12 @@ class ClusterSpec:
 
     @property
     def world_size(self) -> int:
-        return self.settings.tensor_parallel_size * self.settings.pipeline_parallel_size
+        # a stack of several models has none of its own (each view has its layout)
+        return (self.settings.tensor_parallel_size or 0) * self.settings.pipeline_parallel_size
 
     @property
     def served_name(self) -> str:
-        return self.settings.served_model_name or self.settings.model
+        return self.settings.served_model_name or self.settings.model or ""
 
     @property
     def staged(self) -> bool:
