@@ -2,14 +2,15 @@
 
 What the models share is built once: the nodes, the image (one check, one staging), the fabric
 check, the memory admission of the whole set (memory_check.py, per node over every model placed
-there, in start order). Then each model is a NativeGroup of its own over its own nodes, named
-after it (`vllm-<name>`), its weights staged (`model-<name>`) before any model starts; and the
-gateway on nodes[0]. A model's change replaces that model's containers only: nothing of one
+there, in start order). Each model's weights are staged (`model-<name>`: fetched on nodes[0],
+copied to its nodes) before any model starts; then each model is a NativeGroup of its own over
+its own nodes, named after it (`vllm-<name>`); and the gateway on nodes[0]. A model's change replaces that model's containers only: nothing of one
 group is in another's triggers, and the gateway holds none of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -40,10 +41,14 @@ def deploy_several(spec: ClusterSpec, nodes: list[SparkNode], ssh_private_key: p
     before: list[pulumi.Resource] = [image]
     stagings = {}
     if spec.staged:
-        for v in views:  # every model's weights on its first node before any model starts
+        # every model's weights fetched once on the stack's head, as a single model's are (the
+        # memory admission reads them there), then copied over the fabric to its own nodes,
+        # every model's before any model starts
+        for v in views:
+            on = (spec.head, *(n for n in v.nodes if n.name != spec.head.name))
             stagings[v.model_key] = ModelStaging(f"model-{v.model_key}", ModelStagingArgs(
-                spec=v, nodes=[by_name[n.name] for n in v.nodes], ssh_private_key=ssh_private_key,
-                hf_token=hf_token, after=(image,)))
+                spec=dataclasses.replace(v, nodes=on), nodes=[by_name[n.name] for n in on],
+                ssh_private_key=ssh_private_key, hf_token=hf_token, after=(image,)))
         before += [s.stage for s in stagings.values()]
     fabric = FabricCheck("fabric", spec, nodes, ssh_private_key=ssh_private_key, after=[image])
     memory = MemoryCheck("memory", spec, nodes, ssh_private_key=ssh_private_key,

@@ -38,8 +38,11 @@ def test_each_model_is_its_own_group_and_the_gateway_is_on_the_head() -> None:
     g = run(two())
     assert set(containers(g)) == {"vllm-big-leader", "vllm-big-rank-node-2",
                                   "vllm-small-leader", "gateway"}
-    # each model's weights staged on its own first node, before any model starts
-    assert {"model-big-stage", "model-small-stage", "model-big-copy-node-2"} <= set(g)
+    # each model's weights fetched on the stack's head and copied to its nodes, before any
+    # model starts
+    assert {"model-big-stage", "model-small-stage", "model-big-copy-node-2",
+            "model-small-copy-node-2"} <= set(g)
+    assert g["model-small-stage"].plain("triggers")[0]["node"] == "node-1"
     stages = {g["model-big-stage"].urn, g["model-small-stage"].urn}
     for name in ("vllm-big-leader", "vllm-small-leader", "vllm-big-rank-node-2"):
         assert stages <= set(g[name].dependencies), name
