@@ -64,6 +64,7 @@ from .summary_model import (
     FABRIC_STORED,
     FILE_CAUSES,
     GATE,
+    GATEWAY,
     HEAD,
     IMAGE_COPIED,
     IMAGE_COPY,
@@ -283,10 +284,15 @@ def _place(commands: list[_Command]) -> tuple[list[str], dict[tuple[str, str], _
     """Nodes in order (the head first, then by name) and every (node, role) seen: by its own
     step, or, for a kept container without one (no --show-sames), by the links of a command
     that changes."""
-    head = next((str(facts["node"]) for role, _, res in commands
-                 if role in (HEAD, VLLM, API_KEY)
+    head = next((str(facts["node"]) for role, node, res in commands
+                 if node is None and role in (HEAD, VLLM, API_KEY, GATEWAY)
                  for facts in (_split(role, res.new)[0], _split(role, res.old)[0])
-                 if facts and facts.get("node")), "head")
+                 if facts and facts.get("node")), None) or next(
+        # else the memory check's nodes, the head first (memory_check.py `_nodes`)
+        (str(facts["nodes"][0]["name"]) for role, node, res in commands if role == MEMORY
+         for facts in (_split(role, res.new)[0], _split(role, res.old)[0])
+         if facts and isinstance(facts.get("nodes"), list) and facts["nodes"]
+         and isinstance(facts["nodes"][0], dict) and facts["nodes"][0].get("name")), "head")
     found: dict[tuple[str, str], _Resource | None] = {}
     for role, node, res in commands:
         found[(node or head, role)] = res

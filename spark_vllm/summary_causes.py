@@ -177,7 +177,16 @@ def memory_causes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         if old_flags.get(key) != new_flags.get(key):
             causes.append(_change("--" + key.replace("_", "-"), old_flags.get(key),
                                   new_flags.get(key)))
-    said = {"nodes", "autoLength", "flags", *_MEMORY_FACTS}
+    # several models (memory_check.py `_model`): each model's facts, said as its own
+    old_models, new_models = ({str(m.get("key")): m for m in ms if isinstance(m, dict)}
+                              if isinstance(ms := facts.get("models"), list) else {}
+                              for facts in (old, new))
+    if list(old_models) != list(new_models):
+        causes.append(_change("models", list(old_models), list(new_models)))
+    for key in (k for k in new_models if k in old_models):
+        causes += [f"models[{key}].{c}" for c in memory_causes(old_models[key], new_models[key])
+                   if not c.startswith("containers:")]
+    said = {"nodes", "autoLength", "flags", "models", *_MEMORY_FACTS}
     causes += [_change(k, old.get(k), new.get(k))
                for k in sorted((old.keys() | new.keys()) - said) if old.get(k) != new.get(k)]
     return causes

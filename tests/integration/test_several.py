@@ -106,9 +106,14 @@ def test_a_change_to_one_model_restarts_it_alone(lab2m: Lab) -> None:
     lab2m.set("models", models)
     # the PR summary of the real preview: the one model's server, on its node, and nothing else
     text = summary_of(lab2m)
-    rows = [line for line in text.splitlines() if " replace " in f" {line} "]
-    assert rows and all("node-2 · small" in r for r in rows), text
-    assert "--max-num-seqs" in text or "vllmArgs" in text, text
+    restarts = [line for line in text.splitlines() if " replace " in line
+                and any(f"  {role}  " in line for role in ("vLLM", "vLLM rank", "gateway"))]
+    assert len(restarts) == 1 and restarts[0].startswith("node-2 · small"), text
+    assert "vllmArgs: --gpu-memory-utilization 0.3 → --gpu-memory-utilization 0.3 " \
+        "--max-num-seqs 8" in text, text
+    # the memory check runs again on the head, saying which model's estimate changed
+    check = next(line for line in text.splitlines() if "memory check" in line)
+    assert check.startswith("node-1 ") and "models[small].--max-num-seqs" in check, text
     ok(lab2m.up())
     after = by_name()
     changed = {n for n in before if (before[n].id, before[n].started)
