@@ -16,6 +16,16 @@ from spark_vllm.components.render import gateway_commands
 from spark_vllm.components.render.commands import script_text
 
 
+def run(coro: Any) -> None:
+    """A loop of its own: asyncio.run would leave no current loop for the Pulumi mock tests
+    that follow (as tests/unit/test_auth_middleware.py says)."""
+    loop = asyncio.new_event_loop()
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 def entry(monkeypatch: pytest.MonkeyPatch, key_file: Path | None) -> Any:
     monkeypatch.delenv("SPARK_VLLM_API_KEY_FILE", raising=False)
     monkeypatch.delenv("LITELLM_MASTER_KEY", raising=False)
@@ -55,11 +65,11 @@ def test_a_request_reaches_litellm_with_its_own_key_never_the_clients(
 
     scope = {"type": "http", "path": "/v1/models",
              "headers": [(b"authorization", b"Bearer sk-client"), (b"x-a", b"1")]}
-    asyncio.run(mod.AsInternal(litellm)(scope, None, None))
+    run(mod.AsInternal(litellm)(scope, None, None))
     headers = seen[0]["headers"]
     assert (b"authorization", b"Bearer " + mod.INTERNAL_KEY.encode()) in headers
     assert (b"authorization", b"Bearer sk-client") not in headers and (b"x-a", b"1") in headers
-    asyncio.run(mod.AsInternal(litellm)({"type": "lifespan"}, None, None))
+    run(mod.AsInternal(litellm)({"type": "lifespan"}, None, None))
     assert seen[1] == {"type": "lifespan"}  # LiteLLM's startup passes through as it is
 
 
