@@ -52,6 +52,22 @@ def node_memory_of(ssh: Any, key: str, tmp: str, node: dict[str, Any], script: s
     return "ok", proc.stdout
 
 
+def tightest_gpu(ssh: Any, key: str, tmp: str, i: int, node: dict[str, Any], script: str,
+                 nm: Any, unreachable: list[str], report: dict[str, Any]) -> Any:
+    """(A node's GPU with the least free memory, the script's output), or None, said in
+    `unreachable` (the node does not answer) or `report` (no nvidia-smi: not checked)."""
+    state, out = node_memory_of(ssh, key, tmp, node, script, local=i == 0)
+    if state != "ok":
+        unreachable.append(f"the head cannot reach {node['name']} at {node['ip']} to read its "
+                           f"free memory: {out}")
+        return None
+    gpus = nm.parse(out)
+    if gpus is None:
+        report[node["name"]] = "not checked (no nvidia-smi)"
+        return None
+    return min(gpus, key=lambda g: g.free_mib), out
+
+
 def running_utilization(container: str, default: float, nm: Any) -> float | None:
     """--gpu-memory-utilization of the stack's vLLM when it runs now (None: it does not)."""
     proc = subprocess.run(["docker", "inspect", "--format",
@@ -98,16 +114,10 @@ def main(key: str, p: dict[str, Any]) -> int:
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, node in enumerate(p["nodes"]):
-            state, out = node_memory_of(ssh, key, tmp, node, nm.SCRIPT, local=i == 0)
-            if state != "ok":
-                unreachable.append(f"the head cannot reach {node['name']} at {node['ip']} to "
-                                   f"read its free memory: {out}")
+            read = tightest_gpu(ssh, key, tmp, i, node, nm.SCRIPT, nm, unreachable, report)
+            if read is None:
                 continue
-            gpus = nm.parse(out)
-            if gpus is None:
-                report[node["name"]] = "not checked (no nvidia-smi)"
-                continue
-            g = min(gpus, key=lambda g: g.free_mib)
+            g = read[0]
             total, free = g.total_bytes, g.free_bytes  # CUDA's total where the node says it
             if held is not None:  # the stack's vLLM, stopped before the new one starts
                 free = min(total, free + int(held * total))
@@ -193,18 +203,12 @@ def several(key: str, p: dict[str, Any], me: Any, nm: Any, ssh: Any) -> int:
             if not placed:
                 continue
             names = " ".join(shlex.quote(m["containers"][node["name"]]) for m in placed)
-            state, out = node_memory_of(ssh, key, tmp, node,
-                                        nm.SCRIPT + HELD_SH.format(names=names) + "\n",
-                                        local=i == 0)
-            if state != "ok":
-                unreachable.append(f"the head cannot reach {node['name']} at {node['ip']} to "
-                                   f"read its free memory: {out}")
+            read = tightest_gpu(ssh, key, tmp, i, node,
+                                nm.SCRIPT + HELD_SH.format(names=names) + "\n", nm,
+                                unreachable, report)
+            if read is None:
                 continue
-            gpus = nm.parse(out)
-            if gpus is None:
-                report[node["name"]] = "not checked (no nvidia-smi)"
-                continue
-            g = min(gpus, key=lambda g: g.free_mib)
+            g, out = read
             total, free = g.total_bytes, g.free_bytes
             held = sum(held_on(out, nm).values())
             shares = [(m["key"], m["utilization"]) for m in placed]
