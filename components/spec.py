@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
 from .secret_check import NAMESPACE, SECRET_KEYS, SET_COMMAND
-from .spec_base import Strict, pydantic_problems
+from .spec_base import Strict, env_numbers, pydantic_problems
 from .spec_checks import (  # noqa: F401  (the tables' public names stay importable from spec)
     CACHE_ENV,
     NUMERIC_ENV,
@@ -204,17 +204,7 @@ class _Settings(Strict):
     def _models_tuple(cls, v: Any) -> Any:
         return tuple(v) if isinstance(v, list) else v
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_numbers(cls, v: Any) -> Any:
-        # YAML reads `NCCL_DEBUG: 1` as an int; env values are strings, so take plain numbers
-        # as written. Anything else (bools, lists) stays and fails strict str with its path.
-        if isinstance(v, Mapping):
-            return {
-                k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
-                for k, x in v.items()
-            }
-        return v
+    _env_numbers = field_validator("env", mode="before")(env_numbers)
 
     @field_validator("hf_cache")
     @classmethod

@@ -4,6 +4,7 @@ how a problem names its field. Pure: no Pulumi import."""
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -59,3 +60,13 @@ def pydantic_problems(prefix: str, err: ValidationError) -> list[str]:
             msg = "expected a mapping of its keys (docs/configuration.md)"
         problems.append(f"{config_path(prefix, loc)}: {msg}")
     return problems
+
+
+def env_numbers(v: Any) -> Any:
+    """An `env` map as pydantic should see it: YAML reads `NCCL_DEBUG: 1` as an int; env values
+    are strings, so plain numbers are taken as written. Anything else (bools, lists) stays and
+    fails strict str with its path. The stack's `env` and each model's use it."""
+    if isinstance(v, Mapping):
+        return {k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
+                for k, x in v.items()}
+    return v

@@ -12,12 +12,12 @@ each of them unchanged, under names of their own (render/commands.py container_n
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from .spec_base import Strict, printable
+from .spec_base import Strict, env_numbers, printable
 
 if TYPE_CHECKING:
     from .spec import NodeSpec, _Settings
@@ -63,13 +63,7 @@ class ServedModel(Strict):
     def _tuple(cls, v: Any) -> Any:
         return tuple(v) if isinstance(v, list) else v
 
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_numbers(cls, v: Any) -> Any:
-        if isinstance(v, Mapping):  # as the stack's env: `NCCL_DEBUG: 1` is "1"
-            return {k: str(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else x
-                    for k, x in v.items()}
-        return v
+    _env_numbers = field_validator("env", mode="before")(env_numbers)  # as the stack's
 
     @property
     def served_name(self) -> str:
