@@ -14,7 +14,7 @@ import pulumi
 from pulumi.runtime import config as runtime_config
 from pulumi.runtime import resource as sdk_resource
 
-from . import hostkeys, node_memory, secret_check
+from . import hostkeys, outputs, secret_check
 from .fabric_check import FabricCheck
 from .image_check import ImageCheck
 from .image_staging import ImageStaging
@@ -22,7 +22,7 @@ from .memory_check import MemoryCheck
 from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode, SparkNodeArgs
 from .ray_cluster import RayCluster, RayClusterArgs
-from .render import backends, commands, liveness_commands
+from .render import backends, commands
 from .several import deploy_several
 from .spec import NAMESPACE, ClusterSpec, SpecError, decode_config, parse_spec
 from .staging import ModelStaging, ModelStagingArgs
@@ -197,28 +197,16 @@ def deploy(spec: ClusterSpec, secrets: Secrets) -> dict[str, Any]:
         "containerIds": container_ids,
         # per node: docker version, image id, Ray and Python versions in the image
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
-        # the image every node runs, and what each copy moved (imageStaging copy)
-        "image": pulumi.Output.all(
-            image.stdout, image_copies.summary if image_copies else []).apply(lambda v: {
-                "name": spec.image, "id": v[0].strip().splitlines()[-1] if v[0].strip() else "",
-                "staging": spec.image_staging, **({"copies": v[1]} if image_copies else {})}),
+        "image": outputs.image(spec, image, image_copies),
         "rayNodes": ray_nodes,
-        # how `spark-vllm status` reads vLLM (the refresh's liveness check) and what vLLM
-        # needs free to start (its memory check before a repair)
-        "serving": {"check": liveness_commands.liveness_target(spec),
-                    "gpuMemoryUtilization": node_memory.utilization(spec.vllm_args)},
-        # what the nodes hold: the model's commit, files, bytes and manifest digest
-        "model": staging.summary if staging else {"model": spec.model, "staging": "none"},
+        "serving": outputs.serving(spec),
+        "model": outputs.model(spec, staging),
         # the memory admission: the estimate per rank and each node's numbers when checked
         "memory": memory.summary,
         # the fabric check's last verdict, figures per pair and the cluster's baseline (its
         # first good run, what later runs are compared with)
         "fabric": fabric.summary,
-        # how to reach each node and what runs there: `spark-vllm status` reads it
-        "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
-                   "hostKey": n.host_key or "", "identityIp": n.identity_ip,
-                   "compileCache": spec.compile_cache_dir or "none",
-                   "containers": {role: commands.container_name(spec, role)
-                                  for role in backends.of(spec).roles(i)}}
+        "nodes": [outputs.node(spec, n, {role: commands.container_name(spec, role)
+                                         for role in backends.of(spec).roles(i)})
                   for i, n in enumerate(spec.nodes)],
     }

@@ -16,7 +16,7 @@ from typing import Any
 
 import pulumi
 
-from . import node_memory
+from . import outputs
 from .fabric_check import FabricCheck
 from .gateway import Gateway
 from .image_check import ImageCheck
@@ -24,7 +24,7 @@ from .image_staging import ImageStaging
 from .memory_check import MemoryCheck
 from .native_group import NativeGroup, NativeGroupArgs
 from .node import SparkNode
-from .render import backends, commands, gateway_commands, liveness_commands
+from .render import backends, commands, gateway_commands
 from .spec import ClusterSpec
 from .staging import ModelStaging, ModelStagingArgs
 
@@ -75,37 +75,26 @@ def deploy_several(spec: ClusterSpec, nodes: list[SparkNode], ssh_private_key: p
         "identityIps": {n.name: n.identity_ip for n in spec.nodes},
         "containerIds": container_ids,
         "preflight": {n.node.name: n.preflight_report.apply(json.loads) for n in nodes},
-        "image": pulumi.Output.all(
-            image.stdout, image_copies.summary if image_copies else []).apply(lambda v: {
-                "name": spec.image, "id": v[0].strip().splitlines()[-1] if v[0].strip() else "",
-                "staging": spec.image_staging, **({"copies": v[1]} if image_copies else {})}),
+        "image": outputs.image(spec, image, image_copies),
         "rayNodes": "none: backend native (no Ray)",
         # the first model's, as a single-model stack's (status reads it); each model's below
-        "serving": {"check": liveness_commands.liveness_target(views[0]),
-                    "gpuMemoryUtilization": node_memory.utilization(views[0].vllm_args)},
+        "serving": outputs.serving(views[0]),
         "models": {v.model_key: {
             "servedModelName": v.served_name, "model": v.model,
             "nodes": [n.name for n in v.nodes],
             "endpoint": f"http://{v.head.host}:{v.port}/v1",
-            "serving": {"check": liveness_commands.liveness_target(v),
-                        "gpuMemoryUtilization": node_memory.utilization(v.vllm_args)},
-            "staging": stagings[v.model_key].summary if v.model_key in stagings
-            else {"model": v.model, "staging": "none"}} for v in views},
+            "serving": outputs.serving(v)} for v in views},
         "gateway": {"image": spec.gateway.image, "port": spec.port,
                     "routes": gateway_commands.routes(spec)},
-        "model": {v.model_key: stagings[v.model_key].summary if v.model_key in stagings
-                  else {"model": v.model, "staging": "none"} for v in views},
+        # per model, what the nodes hold
+        "model": {v.model_key: outputs.model(v, stagings.get(v.model_key)) for v in views},
         "memory": memory.summary,
         "fabric": fabric.summary,
-        "nodes": [{"name": n.name, "host": n.host, "port": n.port, "user": n.user,
-                   "hostKey": n.host_key or "", "identityIp": n.identity_ip,
-                   "compileCache": spec.compile_cache_dir or "none",
-                   "containers": {
-                       **({gateway_commands.GATEWAY: commands.container_name(
-                           spec, gateway_commands.GATEWAY)} if i == 0 else {}),
-                       **{f"{v.model_key}/{role}": commands.container_name(v, role)
-                          for v in views if n.name in {m.name for m in v.nodes}
-                          for role in backends.of(v).roles(
-                              [m.name for m in v.nodes].index(n.name))}}}
+        "nodes": [outputs.node(spec, n, {
+            **({gateway_commands.GATEWAY: commands.container_name(
+                spec, gateway_commands.GATEWAY)} if i == 0 else {}),
+            **{f"{v.model_key}/{role}": commands.container_name(v, role)
+               for v in views if n.name in {m.name for m in v.nodes}
+               for role in backends.of(v).roles([m.name for m in v.nodes].index(n.name))}})
                   for i, n in enumerate(spec.nodes)],
     }
