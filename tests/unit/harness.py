@@ -23,6 +23,8 @@ CMD = "command:remote:Command"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret-ssh-key-material\n-----END-----"
 HF_TOKEN = "hf_secretTokenValue123"
 API_KEY = "sk-secret-api-key-456"
+# the model the memory checks read (tests/unit/conftest.py `hf`)
+MOE_MODEL = "lab/moe-like"
 
 
 # rsync as a preflight sees it: on PATH (`command -v rsync`, the staging check), never run. The

@@ -8,27 +8,17 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from spark_vllm.components import memory_check
 from spark_vllm.components.render.backends import ray as ray_backend
-from tests.unit.harness import spec_from
+from tests.unit.harness import MOE_MODEL, spec_from
 
 REPO = Path(__file__).resolve().parents[2]
-MODEL = "lab/moe-like"
+MODEL = MOE_MODEL  # in tests/unit/conftest.py's `hf`
 GIB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    hf = tmp_path_factory.mktemp("hf")
-    subprocess.run([sys.executable, str(REPO / "lab/model_gen.py"), "--hf-home", str(hf),
-                    "--repo", MODEL, "--size", "2000000", "--shards", "2"],
-                   check=True, capture_output=True)
-    return hf
 
 
 def run_check(tmp: Path, hf: Path, vllm_args: list[str], smi: str | None,

@@ -6,28 +6,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from spark_vllm.components import memory_check, node_memory
 from spark_vllm.components.spec import parse_spec
+from tests.unit.harness import MOE_MODEL as MODEL  # in tests/unit/conftest.py's `hf`
 from tests.unit.harness import pinned
 
-REPO = Path(__file__).resolve().parents[2]
-MODEL = "lab/moe-like"
 GIB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    hf = tmp_path_factory.mktemp("hf")
-    subprocess.run([sys.executable, str(REPO / "lab/model_gen.py"), "--hf-home", str(hf),
-                    "--repo", MODEL, "--size", "2000000", "--shards", "2"],
-                   check=True, capture_output=True)
-    return hf
 
 
 def spec(hf: Path, utils: list[float]) -> Any:
