@@ -47,9 +47,14 @@ def stop_other_backend(spec: ClusterSpec, roles: Sequence[str], other: str) -> s
     the program only after it created the new ones (its deletes run last); the preflights run
     before any container, so every old one is gone, on every node, before the first new one
     starts. The old resources' deletes then find nothing to remove."""
-    names = " ".join(shlex.quote(container_name(spec, r)) for r in roles)
-    return (f"for old in {names}; do if docker inspect \"$old\" >/dev/null 2>&1; then "
-            f'log "stopping $old (backend {other}\'s, replaced by backend {spec.backend})"; '
+    return _stop_each(" ".join(shlex.quote(container_name(spec, r)) for r in roles),
+                      f"backend {other}'s, replaced by backend {spec.backend}")
+
+
+def _stop_each(names_sh: str, why: str) -> str:
+    """Stop each container `names_sh` (shell words) names that exists, saying why."""
+    return (f"for old in {names_sh}; do if docker inspect \"$old\" >/dev/null 2>&1; then "
+            f'log "stopping $old ({why})"; '
             'docker rm --force --volumes "$old" >/dev/null 2>&1 || fail "cannot stop $old"; '
             "fi; done")
 
@@ -77,12 +82,9 @@ def stop_other_shape(spec: ClusterSpec) -> str:
     if spec.several:
         return stop_other_backend(spec, (HEAD, VLLM, WORKER, LEADER, RANK), "the one model")
     q = shlex.quote
-    return (f"for old in $(docker ps -aq --filter label={LABEL}.stack={q(spec.stack)} "
-            f"--filter label={LABEL}.model) {q(container_name(spec, 'gateway'))}; do "
-            'if docker inspect "$old" >/dev/null 2>&1; then '
-            'log "stopping $old (the served models\' and gateway\'s, replaced by one model)"; '
-            'docker rm --force --volumes "$old" >/dev/null 2>&1 || fail "cannot stop $old"; '
-            "fi; done")
+    return _stop_each(f"$(docker ps -aq --filter label={LABEL}.stack={q(spec.stack)} "
+                      f"--filter label={LABEL}.model) {q(container_name(spec, 'gateway'))}",
+                      "the served models' and gateway's, replaced by one model")
 
 
 def preflight_script(spec: ClusterSpec, node: NodeSpec) -> str:
