@@ -65,6 +65,7 @@ class ModelView:
     seen: str = ""
     utilization: float = node_memory.DEFAULT_UTILIZATION
     nodes: list[str] = field(default_factory=list)
+    check: list[str] = field(default_factory=list)  # its liveness read's argv
 
     @property
     def ok(self) -> bool:
@@ -330,7 +331,8 @@ def model_views(outputs: dict[str, Any]) -> list[ModelView]:
         out.append(ModelView(key, m.get("servedModelName", key), node, node["containers"][role],
                              utilization=float((m.get("serving") or {}).get(
                                  "gpuMemoryUtilization") or node_memory.DEFAULT_UTILIZATION),
-                             nodes=list(m.get("nodes") or [node["name"]])))
+                             nodes=list(m.get("nodes") or [node["name"]]),
+                             check=[str(v) for v in (m.get("serving") or {}).get("check", [])]))
     return out
 
 
@@ -359,9 +361,8 @@ def collect(stack: Any) -> Report:
     report.models = model_views(outputs)
     with ThreadPoolExecutor(max_workers=len(nodes) + 2 + len(report.models)) as pool:
         vllm = pool.submit(_ask_vllm, nodes[0], key, check) if not report.models else None
-        asked = [pool.submit(_ask_vllm, m.node, key,
-                             [str(v) for v in outputs["models"][m.key]["serving"]["check"]],
-                             m.container) for m in report.models]
+        asked = [pool.submit(_ask_vllm, m.node, key, m.check, m.container)
+                 for m in report.models]
         endpoint = pool.submit(_ask_endpoint, report.endpoint,
                                "/health/liveliness" if report.models else "/health")
         views = list(pool.map(lambda i: _node_view(nodes[i], key, expected, i == 0,
