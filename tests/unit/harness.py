@@ -79,12 +79,22 @@ class Mocks(pulumi.runtime.Mocks):
 class RecordingMonitor(MockMonitor):
     def __init__(self, mocks: Mocks) -> None:
         super().__init__(mocks)
-        self.requests: dict[str, Any] = {}
+        self.seen: list[Any] = []
 
     def RegisterResource(self, request: Any) -> Any:  # noqa: N802 (gRPC name)
         resp = super().RegisterResource(request)
-        self.requests[request.name] = request
+        self.seen.append(request)
         return resp
+
+    @property
+    def requests(self) -> dict[str, Any]:
+        """Every registration by resource name. A name two resources share (the ImageStaging
+        and the ImageCheck are both "image"; the Gateway component and its container command
+        "gateway"): a component's as "name (type)", so that what a test reads does not depend
+        on the order the SDK's registrations arrived in."""
+        names = [r.name for r in self.seen]
+        return {(f"{r.name} ({r.type})" if names.count(r.name) > 1
+                 and r.type.startswith("spark-vllm:") else r.name): r for r in self.seen}
 
 
 @dataclass
@@ -130,8 +140,8 @@ def run(spec: ClusterSpec, secrets: Secrets | None = None) -> dict[str, Register
         return pulumi.Output.all(*outputs.values())
 
     program()
-    urns = {req.name: monitor.make_urn(req.parent, req.type, req.name)
-            for req in monitor.requests.values()}
+    urns = {key: monitor.make_urn(req.parent, req.type, req.name)
+            for key, req in monitor.requests.items()}
     out = {}
     for name, req in monitor.requests.items():
         out[name] = Registered(
