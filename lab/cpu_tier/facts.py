@@ -110,3 +110,35 @@ def facts(obs: dict[str, Any]) -> dict[str, Any]:
         f[f"{b}: removes succeed"] = all(v["rc"] == 0 for v in sc[f"{b}_cleanup"].values()
                                              if isinstance(v, dict))
     return f
+
+
+def several_facts(obs: dict[str, Any]) -> dict[str, Any]:
+    """The `several` part (lab/cpu_tier/several.py): two models behind the gateway."""
+    sc = obs["scenarios"]
+    f: dict[str, Any] = {}
+    if "several_gateway_start" not in sc:
+        return f
+    models = sorted(k.split("_")[1] for k in sc if k.startswith("several_")
+                    and k.endswith("_serve"))
+    for m in models:
+        r = sc[f"several_{m}_serve"]
+        f[f"several: {m}: its ranks and rank 0 start"] = (
+            [(x["node"], x["rc"]) for x in r["ranks"]], r["api_key"]["rc"], r["rc"])
+        f[f"several: {m}: liveness on its node"] = _state(sc[f"several_{m}_liveness"].get("state"))
+    f["several: the gateway starts"] = (sc["several_gateway_start"]["api_key"]["rc"],
+                                        sc["several_gateway_start"]["rc"])
+    g = sc["several_through_gateway"]
+    f["several: /v1/models through the gateway"] = (g["models"]["status"], g["models"]["ids"])
+    for m in models:
+        c = g[f"chat_{m}"]
+        f[f"several: a chat to {m} through the gateway"] = (
+            c["status"], c["model"], (c["completion_tokens"] or 0) > 0)
+        f[f"several: the chat to {m} is counted by"] = c["counted_by"]
+    st = g["stream_small"]
+    f["several: a stream through the gateway"] = (st["status"], st["events"] > 1, st["done"])
+    f["several: API key statuses"] = {k: v for k, v in sc["several_api_keys"].items()
+                                      if k != "scenario_seconds"}
+    f["several: the env each node's ranks see"] = _ranks(sc["several_rank_env"]["processes"])
+    f["several: removes succeed"] = all(v["rc"] == 0 for v in sc["several_cleanup"].values()
+                                        if isinstance(v, dict))
+    return f

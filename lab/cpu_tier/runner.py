@@ -31,6 +31,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from lab.cpu_tier import several  # noqa: E402
 from lab.cpu_tier.nodes import Nodes  # noqa: E402
 from lab.gpu import runner as gpu  # noqa: E402
 from lab.gpu import serving_bench  # noqa: E402
@@ -74,6 +75,7 @@ class CpuTier(gpu.Tier):
     def __init__(self, args: argparse.Namespace, nodes: Nodes) -> None:
         self.nodes = nodes
         self.venv = Path(args.venv)
+        self.gateway_venv = args.gateway_venv
         self.sim = args.sim  # a vllm-sim version: the image is VENV with vllm-sim as `vllm`
         probe_dir = nodes.run_dir / "envprobe"
         image_env = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
@@ -94,6 +96,8 @@ class CpuTier(gpu.Tier):
         # the venv (the image) lives under ~/.cache, which is private in every container
         self.host_env["SHIM_IMAGE_DIRS"] = ":".join(
             filter(None, [str(self.venv), self.host_env["SHIM_IMAGE_DIRS"]]))
+        if args.gateway_venv:  # the several part's gateway image (lab/cpu_tier/several.py)
+            self.host_env["SHIM_IMAGES"] = json.dumps(several.gateway_image(args.gateway_venv))
         self.api_addr = nodes["n0"].operator_ip or ""
         self.probe_dir = probe_dir
         self.probe_dir.mkdir(parents=True, exist_ok=True)
@@ -105,8 +109,10 @@ class CpuTier(gpu.Tier):
 
     # --- the program's spec for the two nodes ------------------------------------------------
 
-    def spec2(self, backend: str = "ray", env: dict | None = None, fabric: bool = True, vllm_timeout: int = 240, ray_timeout: int = 60,
-              join_timeout: int = 120) -> specmod.ClusterSpec:
+    def raw2(self, backend: str = "ray", env: dict | None = None, fabric: bool = True,
+             vllm_timeout: int = 240, ray_timeout: int = 60,
+             join_timeout: int = 120) -> dict[str, Any]:
+        """The stack's config for the two nodes, as `pulumi config` holds it."""
         n0, n1 = self.nodes.nodes
         # each node's host (its SSH address, the identity without a fabric) is its LAN address
         nodes: list[dict[str, Any]] = [{"name": n.name, "host": n.lan_ip, "gpus": 1}
@@ -114,15 +120,20 @@ class CpuTier(gpu.Tier):
         if fabric:
             for raw, n in zip(nodes, (n0, n1), strict=True):
                 raw.update(fabricIp=n.fabric_ip, fabricInterface=n.fabric_if)
-        raw = {"nodes": nodes, "image": IMAGE, "model": MODEL, "tensorParallelSize": 2,
-               "hfCache": self.hf, "modelStaging": "none", "port": self.port,
-               "env": env or {}, "compileCache": "none", "vllmArgs": list(VLLM_ARGS),
-               "backend": backend, "vllmTimeout": vllm_timeout, "rayTimeout": ray_timeout,
-               "joinTimeout": join_timeout, "rayPort": 6391, "masterPort": 29511,
-               "canaryTimeout": 10, "wedgeWindow": 20,
-               # the scripts are rendered and run here by the runner, never over SSH
-               "insecureAcceptAnyHostKey": True}
-        return specmod.parse_spec(raw, "cpu", gpu.SECRETS)
+        return {"nodes": nodes, "image": IMAGE, "model": MODEL, "tensorParallelSize": 2,
+                "hfCache": self.hf, "modelStaging": "none", "port": self.port,
+                "env": env or {}, "compileCache": "none", "vllmArgs": list(VLLM_ARGS),
+                "backend": backend, "vllmTimeout": vllm_timeout, "rayTimeout": ray_timeout,
+                "joinTimeout": join_timeout, "rayPort": 6391, "masterPort": 29511,
+                "canaryTimeout": 10, "wedgeWindow": 20,
+                # the scripts are rendered and run here by the runner, never over SSH
+                "insecureAcceptAnyHostKey": True}
+
+    def spec2(self, backend: str = "ray", env: dict | None = None, fabric: bool = True,
+              vllm_timeout: int = 240, ray_timeout: int = 60,
+              join_timeout: int = 120) -> specmod.ClusterSpec:
+        return specmod.parse_spec(self.raw2(backend, env, fabric, vllm_timeout, ray_timeout,
+                                            join_timeout), "cpu", gpu.SECRETS)
 
     # --- what the GPU runner does on one machine, per node -----------------------------------
 
@@ -132,11 +143,12 @@ class CpuTier(gpu.Tier):
         return commands.container_name(
             spec, commands.LEADER if spec.backend == "native" else commands.VLLM)
 
-    def liveness(self, spec: specmod.ClusterSpec) -> dict:
-        """The refresh-time read of the API server's container, as liveness.observe runs it."""
+    def liveness(self, spec: specmod.ClusterSpec, node: str = "n0") -> dict:
+        """The refresh-time read of the API server's container, as liveness.observe runs it
+        (on `node`, the API server's)."""
         r = self.sh(liveness_commands.inspect_script(self.api_container(spec),
-                                            liveness_commands.liveness_target(spec)),
-                    commands.script_text("vllm_liveness.py"), timeout=120)
+                                                     liveness_commands.liveness_target(spec)),
+                    commands.script_text("vllm_liveness.py"), timeout=120, node=node)
         r["state"] = r["stdout"].splitlines()[-1] if r["stdout"] else ""
         r["seen"] = [ln[1] for ln in r["stderr"]
                      if ln[1].startswith(("serving:", "busy:", "unknown:"))]
@@ -289,6 +301,11 @@ class CpuTier(gpu.Tier):
             "layout": "two network namespaces joined by two veth pairs (fabric, LAN), each "
                       "with its own /dev/shm and docker_shim; host PIDs and files",
         }
+        if self.gateway_venv:  # the several part's gateway image
+            code = "import importlib.metadata as m; print(m.version('litellm'))"
+            gw = subprocess.run([f"{self.gateway_venv}/bin/python", "-c", code],
+                                capture_output=True, text=True, timeout=60).stdout.strip()
+            self.obs["header"]["gateway"] = f"litellm {gw or '?'} (PyPI, lab/gateway)"
 
     def save(self) -> None:
         path = self.out / "observations-cpu.json"
@@ -422,7 +439,8 @@ class CpuTier(gpu.Tier):
 ROTATED = "sk-cpu-tier-rotated"
 
 PARTS = {"incident": CpuTier.incident_part, "ray": CpuTier.ray_part,
-         "native": CpuTier.native_part, "bench": CpuTier.bench_part}
+         "native": CpuTier.native_part, "bench": CpuTier.bench_part,
+         "several": several.several_part}
 
 
 def main() -> None:
@@ -433,6 +451,9 @@ def main() -> None:
     ap.add_argument("--part", action="append", choices=sorted(PARTS), required=True)
     ap.add_argument("--vllm-cache", default="")
     ap.add_argument("--sim", default="", help="a vLLM version: VENV's `vllm` is vllm-sim")
+    ap.add_argument("--gateway-venv", default="",
+                    help="LiteLLM's venv (lab/cpu_tier/gateway_venv.sh): the several part's "
+                         "gateway image")
     args = ap.parse_args()
     args.ip = ""
     Path(args.out).mkdir(parents=True, exist_ok=True)

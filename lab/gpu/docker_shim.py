@@ -9,7 +9,10 @@ What a container is here, and what it is not:
   volumes), the env of `--env-file` and `--env` over a fixed "image" env (IMAGE_ENV), cwd /.
   Host network, PID and IPC: the program runs every container with `--network host --ipc host`,
   and the vLLM container with `--pid container:<head>`, so nothing else is needed for them.
-- The image is the machine itself (its Python, the carried wheels): the tag is recorded only.
+- The image is the machine itself (its Python, the carried wheels): the tag is recorded only,
+  unless SHIM_IMAGES names it (`{"tag": {"env": {...}, "dirs": [...]}}`): that image's env over
+  the fixed one (its PATH, its venv) and its directories bound in as the image's own (the CPU
+  tier's gateway runs LiteLLM from a venv of its own, beside vLLM's).
 - A container's processes are the processes in its mount namespace: when its first process
   exits they are killed (Docker tears down the PID namespace) by its supervisor, which holds
   that namespace open from the start (a freed namespace's number is reused at once: a kill by
@@ -37,6 +40,8 @@ STATE = Path(os.environ.get("SHIM_STATE", "/run/spark-vllm-shim"))
 VOLUMES = Path(os.environ.get("SHIM_VOLUMES", "/var/lib/spark-vllm-shim/volumes"))
 # The env every container starts from (an image's ENV); the runner sets it from the machine.
 IMAGE_ENV = json.loads(os.environ.get("SHIM_IMAGE_ENV", "{}"))
+# Other images, by tag: each one's env over IMAGE_ENV and its directories (SHIM_IMAGE_DIRS')
+IMAGES = json.loads(os.environ.get("SHIM_IMAGES", "{}"))
 
 
 def die(msg: str, rc: int = 1) -> None:
@@ -163,7 +168,7 @@ def parse_env_file(path: str) -> dict[str, str]:
 def cmd_run(argv: list[str], create: bool = False) -> None:
     flags_with_value = {"--name", "--label", "--network", "--ipc", "--shm-size", "--gpus",
                         "--volume", "-v", "--env-file", "--env", "-e", "--entrypoint", "--pid",
-                        "--volumes-from"}
+                        "--volumes-from", "--restart"}
     opts: dict[str, list[str]] = {}
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
@@ -198,7 +203,8 @@ def cmd_run(argv: list[str], create: bool = False) -> None:
         if not theirs:
             die(f"docker: Error response from daemon: No such container: {other}", 125)
         mounts += [[h, c, "from"] for h, c, _ in theirs["mounts"]]
-    env = dict(IMAGE_ENV)
+    other = IMAGES.get(image, {})
+    env = {**IMAGE_ENV, **other.get("env", {})}
     for f in opts.get("--env-file", []):
         env.update(parse_env_file(f))
     for kv in opts.get("--env", []) + opts.get("-e", []):
@@ -220,7 +226,8 @@ def cmd_run(argv: list[str], create: bool = False) -> None:
               "private": os.environ.get("SHIM_PRIVATE_DIRS", "").split(":"),
               # the image's own files where they are on the machine (the CPU tier's venv is
               # under ~/.cache, a private dir): bound back over the private dirs
-              "image_dirs": os.environ.get("SHIM_IMAGE_DIRS", "").split(":")}
+              "image_dirs": [*os.environ.get("SHIM_IMAGE_DIRS", "").split(":"),
+                             *other.get("dirs", [])]}
     (cdir(name) / "config.json").write_text(json.dumps(config))
     if create:  # `docker create`: started later by `docker start`
         print(cid)
