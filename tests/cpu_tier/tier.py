@@ -25,6 +25,14 @@ def cpu_venv() -> str:
     return inst.stdout.strip().splitlines()[-1]
 
 
+def gateway_venv() -> str:
+    """LiteLLM's venv, the several part's gateway image: gateway_venv.sh's last line."""
+    inst = subprocess.run(["bash", str(REPO_DIR / "lab/cpu_tier/gateway_venv.sh")],
+                          capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
+    assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
+    return inst.stdout.strip().splitlines()[-1]
+
+
 def run_runner(argv: list[str], deadline_s: float, what: str) -> subprocess.CompletedProcess[str]:
     """The runner under a deadline. It takes its nodes down itself; when subprocess.run kills it
     first (at the deadline, or on Ctrl-C: make test's INT), its teardown never runs, so this
@@ -40,7 +48,7 @@ def run_runner(argv: list[str], deadline_s: float, what: str) -> subprocess.Comp
 
 
 def run_against_sim(out: Path, parts: tuple[str, ...], version: str, deadline_s: float,
-                    what: str) -> dict[str, Any]:
+                    what: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """The runner's `parts` with vllm-sim playing `version` as the image (this checkout's
     .venv), on a generated tiny-dense model: its observations, after checking it left nothing
     behind on the machine."""
@@ -49,7 +57,7 @@ def run_against_sim(out: Path, parts: tuple[str, ...], version: str, deadline_s:
                     "--repo", "spark-vllm/tiny-dense", "--size", "1000000", "--shards", "2"],
                    check=True, capture_output=True, timeout=120)
     argv = [sys.executable, str(REPO_DIR / "lab/cpu_tier/runner.py"), "--out", str(out),
-            "--venv", sys.prefix, "--hf", str(hf), "--sim", version]
+            "--venv", sys.prefix, "--hf", str(hf), "--sim", version, *extra]
     for part in parts:
         argv += ["--part", part]
     proc = run_runner(argv, deadline_s, what)
