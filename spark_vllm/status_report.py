@@ -66,6 +66,7 @@ class ModelView:
     utilization: float = node_memory.DEFAULT_UTILIZATION
     nodes: list[str] = field(default_factory=list)
     check: list[str] = field(default_factory=list)  # its liveness read's argv
+    endpoint: str = ""  # its own vLLM's (…/v1), which `top` reads /metrics from
 
     @property
     def ok(self) -> bool:
@@ -332,7 +333,8 @@ def model_views(outputs: dict[str, Any]) -> list[ModelView]:
                              utilization=float((m.get("serving") or {}).get(
                                  "gpuMemoryUtilization") or node_memory.DEFAULT_UTILIZATION),
                              nodes=list(m.get("nodes") or [node["name"]]),
-                             check=[str(v) for v in (m.get("serving") or {}).get("check", [])]))
+                             check=[str(v) for v in (m.get("serving") or {}).get("check", [])],
+                             endpoint=str(m.get("endpoint") or "")))
     return out
 
 

@@ -3,7 +3,9 @@
 endpoint), each node's GPU memory (nvidia-smi's, or /proc/meminfo's on GB10's unified memory:
 components/node_memory.py), vLLM's `/metrics` through the endpoint (behind the API key) as
 rates between two reads, the fabric check's last verdict from the stack's outputs, and the last
-repairs `spark-vllm status --watch` made from this machine.
+repairs `spark-vllm status --watch` made from this machine. A stack with several models
+(`models:`) is read per model: each model's verdict, and its own vLLM's `/metrics` at its own
+endpoint (the stack's endpoint is the gateway, whose LiteLLM has no vLLM metrics).
 """
 
 from __future__ import annotations
@@ -123,6 +125,23 @@ class Snapshot:
     rates: dict[str, float | None] = field(default_factory=dict)
     fabric: str = ""
     repairs: list[dict[str, str]] = field(default_factory=list)
+    models: dict[str, ModelRead] = field(default_factory=dict)  # several models: each one's
+
+
+@dataclass
+class ModelRead:
+    """One served model's reading (several models): its own vLLM's metrics and their rates."""
+
+    metrics: Metrics | None = None
+    problem: str = ""
+    rates: dict[str, float | None] = field(default_factory=dict)
+
+
+def _metrics_or_why(future: Any) -> tuple[Metrics | None, str]:
+    try:
+        return future.result(), ""
+    except OSError as err:
+        return None, str(err)
 
 
 def fabric_verdict(outputs: dict[str, Any]) -> str:
@@ -152,16 +171,20 @@ def snapshot(stack: Any, api_key: str | None, previous: Snapshot | None) -> Snap
         snap.fabric = fabric_verdict(outputs)
     except Exception as err:  # noqa: BLE001
         snap.fabric = f"unknown ({err})"
-    with ThreadPoolExecutor(max_workers=len(report.nodes) + 1) as pool:
+    with ThreadPoolExecutor(max_workers=len(report.nodes) + 1 + len(report.models)) as pool:
         memory = {n["name"]: pool.submit(node_memory_of, n, report.key)
                   for n in report.nodes if n["name"] not in report.unreachable}
-        metrics = pool.submit(read_metrics, report.endpoint, api_key)
+        per_model = {m.key: pool.submit(read_metrics, m.endpoint, api_key)
+                     for m in report.models}
+        metrics = None if report.models else pool.submit(read_metrics, report.endpoint, api_key)
         for name in (n["name"] for n in report.nodes):
             snap.memory[name] = memory[name].result() if name in memory else "unreachable"
-        try:
-            snap.metrics = metrics.result()
-        except OSError as err:
-            snap.metrics_problem = str(err)
+        if metrics is not None:
+            snap.metrics, snap.metrics_problem = _metrics_or_why(metrics)
+        for key, future in per_model.items():
+            got, why = _metrics_or_why(future)
+            before = previous.models.get(key) if previous else None
+            snap.models[key] = ModelRead(got, why, rates(before.metrics if before else None, got))
     snap.rates = rates(previous.metrics if previous else None, snap.metrics)
     snap.repairs = last_repairs(stack.name)
     return snap
@@ -177,6 +200,7 @@ def render(snap: Snapshot) -> list[str]:
     lines += [f"vLLM {verdict}: {r.vllm}" if r.vllm else f"vLLM {verdict}",
               f"endpoint {r.endpoint}: {'ok' if r.endpoint_ok else r.endpoint_check}",
               f"fabric: {snap.fabric}", ""]
+    width = max([12, *(len(c.role) + 1 for c in r.containers)])  # "big/vllm-leader" with several
     for node in r.nodes:
         name = node["name"]
         if name in r.unreachable:
@@ -186,22 +210,34 @@ def render(snap: Snapshot) -> list[str]:
         lines.append(f"{name}  {node.get('identityIp', node['host'])}  memory "
                      f"{snap.memory.get(name, '?')}{f'  Ray: {ray}' if ray else ''}")
         for c in (c for c in r.containers if c.node == name):
-            lines.append(f"    {c.role:<12} {c.describe()}")
+            lines.append(f"    {c.role:<{width}} {c.describe()}")
     lines.append("")
-    if snap.metrics is None:
-        lines.append(f"metrics: unreachable ({snap.metrics_problem})")
+    if r.models:
+        for m in r.models:
+            read = snap.models.get(m.key, ModelRead(problem="not read"))
+            lines.append(f"model {m.key} ({m.served}) on {', '.join(m.nodes)}: "
+                         f"{m.state.upper()}{f': {m.seen}' if m.seen and not m.ok else ''}")
+            lines += ["    " + ln for ln in serving_lines(read.metrics, read.problem, read.rates)]
     else:
-        v = snap.metrics.values
-        kv = v.get("vllm:kv_cache_usage_perc")
-        lines.append(f"requests: {v.get('vllm:num_requests_running', 0):.0f} running, "
-                     f"{v.get('vllm:num_requests_waiting', 0):.0f} waiting   KV cache: "
-                     + (f"{kv * 100:.1f} %" if kv is not None else "?"))
-
-        def rate(x: float | None) -> str:
-            return "…" if x is None else f"{x:.1f}"
-        lines.append(f"tokens/s: prompt {rate(snap.rates.get('prompt'))}, generation "
-                     f"{rate(snap.rates.get('generation'))}")
+        lines += serving_lines(snap.metrics, snap.metrics_problem, snap.rates)
     if snap.repairs:
         lines.append("last repairs (status --watch): " + "; ".join(
             f"{x.get('at')} {x.get('what')}: {x.get('result')}" for x in snap.repairs))
     return lines
+
+
+def serving_lines(metrics: Metrics | None, problem: str,
+                  rate_of: dict[str, float | None]) -> list[str]:
+    """One vLLM's requests, KV cache and tokens/s, or why its metrics could not be read."""
+    if metrics is None:
+        return [f"metrics: unreachable ({problem})"]
+    v = metrics.values
+    kv = v.get("vllm:kv_cache_usage_perc")
+
+    def rate(x: float | None) -> str:
+        return "…" if x is None else f"{x:.1f}"
+    return [f"requests: {v.get('vllm:num_requests_running', 0):.0f} running, "
+            f"{v.get('vllm:num_requests_waiting', 0):.0f} waiting   KV cache: "
+            + (f"{kv * 100:.1f} %" if kv is not None else "?"),
+            f"tokens/s: prompt {rate(rate_of.get('prompt'))}, generation "
+            f"{rate(rate_of.get('generation'))}"]

@@ -2,7 +2,7 @@
 
 1. one `pulumi up` serves two models (one across both nodes, one on node-2 alone) behind the
    gateway on node-1; /v1/models lists both; each answers through it; the API key is required
-   on the gateway and on each model's own server;
+   on the gateway and on each model's own server; `status` and `top` read each model;
 2. a change to one model's vllmArgs restarts that model's containers alone (docker's ids and
    start times on the nodes);
 3. a third model that does not fit beside them (the lab's simulated GPU memory) is refused
@@ -13,6 +13,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -23,7 +26,8 @@ import pytest
 from lab import cluster, config, faults, images, nodes
 from lab.run import Progress
 from tests.integration.conftest import API_KEY, _teardown, start_lab
-from tests.integration.engine import Lab, Run, chat, containers
+from tests.integration.engine import REPO, STACK, Lab, Run, chat, containers, engine_env
+from tests.integration.test_day2 import status
 from tests.integration.test_native import summary_of
 
 pytestmark = pytest.mark.integration
@@ -97,6 +101,26 @@ def test_one_up_serves_two_models_behind_one_endpoint(lab2m: Lab) -> None:
     assert {"spark-vllm-lab-gateway", "spark-vllm-lab.big-vllm-leader",
             "spark-vllm-lab.big-vllm-rank", "spark-vllm-lab.small-vllm-leader"} <= set(names)
     assert all(c.running for c in names.values())
+
+
+def test_status_and_top_read_each_model_at_its_own_server(lab2m: Lab) -> None:
+    """`status` names each model's verdict; `top --once` shows a block per model with its own
+    vLLM's metrics (the endpoint is the gateway, which has none), and never the key."""
+    rc, report = status()
+    assert rc == 0, report
+    assert {k: m["state"] for k, m in report["models"].items()} == {"big": "serving",
+                                                                   "small": "serving"}, report
+    chat(lab2m.outputs()["endpoint"], "small", API_KEY)  # tokens for small's counters
+    proc = subprocess.run([sys.executable, "-m", "spark_vllm.cli", "top", "--stack", STACK,
+                           "--once"], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **engine_env()}, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    screen = proc.stdout
+    for block in ("model big (big) on node-1, node-2: SERVING\n    requests: ",
+                  "model small (small) on node-2: SERVING\n    requests: "):
+        assert block in screen, screen
+    print(screen)  # with -s: the screen docs/operations.md shows
+    assert "metrics: unreachable" not in screen and API_KEY not in screen, screen
 
 
 def test_a_change_to_one_model_restarts_it_alone(lab2m: Lab) -> None:

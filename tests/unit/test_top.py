@@ -123,3 +123,50 @@ def test_the_app_refreshes_shows_logs_and_quits(monkeypatch: pytest.MonkeyPatch)
     assert "vLLM SERVING" in first
     assert "vLLM WEDGED" in second and "node-2  UNREACHABLE: cut" in second
     assert "log line 0" in logs
+
+
+def test_several_models_are_read_each_at_its_own_vllm_and_shown_per_model(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stack's endpoint is the gateway (LiteLLM: no vLLM metrics): each model's /metrics is
+    read at its own endpoint, its rates kept per model, and the screen has a block per model
+    with its verdict; the gateway's endpoint is never asked for metrics."""
+    from spark_vllm.status_report import ModelView
+
+    report = Report("lab", "http://10.0.0.1:8000/v1", "big", nodes=NODES, key="k",
+                    vllm_state="wedged", vllm="big: serving; small: wedged", endpoint_ok=True)
+    report.models = [
+        ModelView("big", "big", NODES[0], "spark-vllm-lab.big-vllm-leader", state="serving",
+                  seen="first token in 0.1 s", nodes=["node-1", "node-2"],
+                  endpoint="http://10.0.0.1:8001/v1"),
+        ModelView("small", "small-chat", NODES[1], "spark-vllm-lab.small-vllm-leader",
+                  state="wedged", seen="no token for the canary in 10 s", nodes=["node-2"],
+                  endpoint="http://10.0.0.2:8002/v1")]
+    asked: list[str] = []
+    counts = iter([1000.0, 1100.0])
+
+    def read(endpoint: str, key: str | None, timeout: float = 5) -> top_data.Metrics:
+        asked.append(endpoint)
+        if endpoint.endswith(":8002/v1"):
+            raise OSError("http://10.0.0.2:8002/metrics: timed out")
+        at = 2.0 * asked.count(endpoint)  # its own reads 2 s apart, whatever the threads' order
+        return top_data.Metrics(at, {**top_data.parse_metrics(METRICS),
+                                     "vllm:generation_tokens_total": next(counts)})
+
+    class Stack:
+        name = "lab"
+
+        def outputs(self) -> dict:
+            return {}
+
+    monkeypatch.setattr(top_data, "collect", lambda stack: report)
+    monkeypatch.setattr(top_data, "read_metrics", read)
+    monkeypatch.setattr(top_data, "node_memory_of", lambda node, key: "1/2 GiB")
+    first = top_data.snapshot(Stack(), "key", None)
+    second = top_data.snapshot(Stack(), "key", first)
+    assert sorted(set(asked)) == ["http://10.0.0.1:8001/v1", "http://10.0.0.2:8002/v1"]
+    assert second.metrics is None and second.models["big"].rates["generation"] == 100.0 / 2
+    text = "\n".join(top_data.render(second))
+    assert "model big (big) on node-1, node-2: SERVING\n    requests: 4 running" in text, text
+    assert "    tokens/s: prompt 0.0, generation 50.0" in text, text
+    assert ("model small (small-chat) on node-2: WEDGED: no token for the canary in 10 s\n"
+            "    metrics: unreachable (http://10.0.0.2:8002/metrics: timed out)") in text, text
