@@ -3,6 +3,7 @@
 1. one `pulumi up` serves two models (one across both nodes, one on node-2 alone) behind the
    gateway on node-1; /v1/models lists both; each answers through it; the API key is required
    on the gateway and on each model's own server; `status` and `top` read each model;
+   `status --watch` repairs a dead model without restarting the other or the gateway;
 2. a change to one model's vllmArgs restarts that model's containers alone (docker's ids and
    start times on the nodes);
 3. a third model that does not fit beside them (the lab's simulated GPU memory) is refused
@@ -26,7 +27,17 @@ import pytest
 from lab import cluster, config, faults, images, nodes
 from lab.run import Progress
 from tests.integration.conftest import API_KEY, _teardown, start_lab
-from tests.integration.engine import REPO, STACK, Lab, Run, chat, containers, engine_env
+from tests.integration.engine import (
+    REPO,
+    STACK,
+    Lab,
+    Run,
+    chat,
+    containers,
+    engine_env,
+    node_sh,
+    read_until,
+)
 from tests.integration.test_day2 import status
 from tests.integration.test_native import summary_of
 
@@ -121,6 +132,33 @@ def test_status_and_top_read_each_model_at_its_own_server(lab2m: Lab) -> None:
         assert block in screen, screen
     print(screen)  # with -s: the screen docs/operations.md shows
     assert "metrics: unreachable" not in screen and API_KEY not in screen, screen
+
+
+def test_the_watcher_repairs_a_dead_model_without_restarting_the_other(lab2m: Lab) -> None:
+    """small's server killed: `status --watch` names small, repairs it with `pulumi up
+    --refresh`, and big's containers and the gateway keep their ids and start times."""
+    before = by_name()
+    small = "spark-vllm-lab.small-vllm-leader"
+    node_sh("node-2", f"docker kill {small}")
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch",
+         "--interval", "1", "--max-repairs", "1"], stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **engine_env()})
+    try:
+        lines = read_until(watcher, lambda line: "repaired: serving again" in line
+                           or "stopping:" in line, deadline_s=300)
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=60)
+    text = "".join(lines)
+    assert "repaired: serving again" in text, text[-3000:]
+    assert "model small" in text and "model big" not in text.split("repairing")[0], text[-3000:]
+    after = by_name()
+    changed = {n for n in before if (before[n].id, before[n].started)
+               != (after[n].id, after[n].started)}
+    assert changed == {small}, changed
+    assert all(c.running for c in after.values()), after
+    assert chat(lab2m.outputs()["endpoint"], "small", API_KEY)
 
 
 def test_a_change_to_one_model_restarts_it_alone(lab2m: Lab) -> None:
