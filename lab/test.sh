@@ -25,11 +25,12 @@ mkdir -p .lab
 # PYTHONDONTWRITEBYTECODE is set, Python writes none and every process compiles its imports)
 "$PY" -m compileall -q -j0 spark_vllm components lab bench __main__.py >/dev/null || exit
 log=.lab/test-rest.log
-# lab suite modules lane 2 runs on lab 2 (~500 s of the ~2500 s): ones that set up a lab of
+# lab suite modules lane 2 runs on lab 2 (~750 s of the ~2700 s): ones that set up a lab of
 # their own and need nothing of another module (test_upgrade stays in lane 1: it deploys an
 # older commit of the program, which knows lab 1 only)
 LAB2_MODULES=(tests/integration/test_wedge.py tests/integration/test_legacy_vllm.py
-              tests/integration/test_operator_project.py)
+              tests/integration/test_operator_project.py tests/integration/test_several.py
+              tests/integration/test_v2_executor.py)
 # Why these, on two labs, and what each layout measured: docs/development.md ("Tests").
 # SPARK_VLLM_LABS=1 runs every lab module on lab 1.
 labs=${SPARK_VLLM_LABS:-2}

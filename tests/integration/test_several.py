@@ -109,8 +109,9 @@ def test_one_up_serves_two_models_behind_one_endpoint(lab2m: Lab) -> None:
         assert get(f"{m['endpoint']}/models", None)[0] == 401, m
         assert get(f"{m['endpoint']}/models", API_KEY)[0] == 200, m
     names = by_name()
-    assert {"spark-vllm-lab-gateway", "spark-vllm-lab.big-vllm-leader",
-            "spark-vllm-lab.big-vllm-rank", "spark-vllm-lab.small-vllm-leader"} <= set(names)
+    assert {f"spark-vllm-{STACK}-gateway", f"spark-vllm-{STACK}.big-vllm-leader",
+            f"spark-vllm-{STACK}.big-vllm-rank", f"spark-vllm-{STACK}.small-vllm-leader"} \
+        <= set(names)
     assert all(c.running for c in names.values())
 
 
@@ -138,7 +139,7 @@ def test_the_watcher_repairs_a_dead_model_without_restarting_the_other(lab2m: La
     """small's server killed: `status --watch` names small, repairs it with `pulumi up
     --refresh`, and big's containers and the gateway keep their ids and start times."""
     before = by_name()
-    small = "spark-vllm-lab.small-vllm-leader"
+    small = f"spark-vllm-{STACK}.small-vllm-leader"
     node_sh("node-2", f"docker kill {small}")
     watcher = subprocess.Popen(
         [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch",
@@ -180,7 +181,7 @@ def test_a_change_to_one_model_restarts_it_alone(lab2m: Lab) -> None:
     after = by_name()
     changed = {n for n in before if (before[n].id, before[n].started)
                != (after[n].id, after[n].started)}
-    assert changed == {"spark-vllm-lab.small-vllm-leader"}, changed
+    assert changed == {f"spark-vllm-{STACK}.small-vllm-leader"}, changed
     assert chat(lab2m.outputs()["endpoint"], "small", API_KEY)
 
 
