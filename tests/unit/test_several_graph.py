@@ -1,6 +1,6 @@
 """The graph of a stack with several models, under mocks: each model its own group under its
-own names, the gateway apart from them, and a change to one model reaching only its own
-containers' triggers."""
+own names, the gateway apart from them, a change to one model (args, env, placement) reaching
+only its own containers' triggers, and a node's identity every model on that node."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def two(**change: Any) -> ClusterSpec:
         ]}
     for i, kv in change.get("models", {}).items():
         raw["models"][i].update(kv)
+    for i, kv in change.get("nodes", {}).items():
+        raw["nodes"][i].update(kv)
     return parse_spec(raw, "test", frozenset({"sshPrivateKey", "hfToken", "apiKey"}))
 
 
@@ -88,6 +90,29 @@ def test_a_change_to_one_model_reaches_only_its_own_containers() -> None:
     changed = {n for n in containers(before)
                if before[n].plain("triggers")[0] != after[n].plain("triggers")[0]}
     assert changed == {"vllm-big-leader", "vllm-big-rank-node-2"}
+
+
+def changed_by(**change: Any) -> set[str]:
+    """The containers whose facts a change reaches (or that it adds or removes)."""
+    before, after = run(two()), run(two(**change))
+    return {n for n in containers(before) | containers(after)
+            if n not in before or n not in after
+            or before[n].plain("triggers")[0] != after[n].plain("triggers")[0]}
+
+
+def test_one_models_env_or_placement_reaches_only_it_and_an_identity_every_model_there() -> None:
+    # its env: its own server only
+    assert changed_by(models={1: {"env": {"VLLM_LOGGING_LEVEL": "DEBUG"}}}) == {
+        "vllm-small-leader"}
+    # its placement: small moves to node-1 (its server there, the gateway's route to it)
+    assert changed_by(models={1: {"nodes": ["node-1"]}}) == {"vllm-small-leader", "gateway"}
+    # node-2's identity: every container there (big's rank, small's server) and the gateway,
+    # which routes to small at that address; big's rank 0 on node-1 is replaced with its rank
+    # (its triggers link the rank's id: rank 0 never outlives a rank it formed its group with)
+    assert changed_by(nodes={1: {"fabricIp": "192.168.231.99"}}) == {
+        "vllm-big-rank-node-2", "vllm-small-leader", "gateway"}
+    links = run(two())["vllm-big-leader"].plain("triggers")[1]
+    assert links["rank@node-2"] == "vllm-big-rank-node-2-id"  # the mocks' id of that rank
 
 
 def test_outputs_list_every_model_and_the_one_endpoint() -> None:
