@@ -68,15 +68,24 @@ def api_key_remove_script(spec: ClusterSpec, node: NodeSpec) -> str:
     """`delete` of the API key's command: the file and its directory; idempotent. Kept while
     a container of the stack still mounts it: a backend switch or a renamed head creates the
     new key command (and container) before the engine deletes the old command, at the end."""
+    if spec.model_key is not None:  # a served model's: its own containers carry its label
+        readers = (f"docker ps -aq --filter label={LABEL}.stack={shlex.quote(spec.stack)} "
+                   f"--filter label={LABEL}.model={shlex.quote(spec.model_key)} "
+                   f"--filter volume={KEY_MOUNT} 2>/dev/null")
+    elif spec.several:
+        # the gateway's (several models): read by a container of the stack with no model label
+        # (the gateway, or a single model's after a switch back); each model's containers
+        # mount their own model's file, so they do not keep this one
+        readers = (f'docker ps -a --filter label={LABEL}.stack="$stack" --filter '
+                   f"volume={KEY_MOUNT} --format '{{{{.ID}}}} {{{{.Label \"{LABEL}.model\"}}}}' "
+                   "2>/dev/null | awk 'NF == 1'")
+    else:
+        readers = (f'docker ps -aq --filter label={LABEL}.stack="$stack" '
+                   f"--filter volume={KEY_MOUNT} 2>/dev/null")
     return "\n".join([
         *prelude(spec, node, "remove API key"),
         f"stack={shlex.quote(owner(spec))}",
-        # the stack's label is the stack's (a served model's containers add their model's)
-        (f'if [ -n "$(docker ps -aq --filter label={LABEL}.stack="$stack" '
-         if spec.model_key is None else
-         f"if [ -n \"$(docker ps -aq --filter label={LABEL}.stack={shlex.quote(spec.stack)} "
-         f"--filter label={LABEL}.model={shlex.quote(spec.model_key)} ")
-        + f'--filter volume={KEY_MOUNT} 2>/dev/null)" ]; then',
+        f'if [ -n "$({readers})" ]; then',
         '  log "kept: a container of this stack still reads it"; exit 0',
         "fi",
         f'rm -f {STATE_DIR_SH}"$stack"/{API_KEY_DIR}/{API_KEY_FILE} '

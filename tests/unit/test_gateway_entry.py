@@ -134,3 +134,35 @@ def test_the_start_writes_the_gateways_files_and_waits_for_its_port(tmp_path: Pa
     assert "follows" not in env_file and env_file.startswith("#")
     run_line = next(line for line in log.read_text().splitlines() if line.startswith("run "))
     assert f"{gateway_commands.GATEWAY_MOUNT}/spark_vllm_gateway.py 0.0.0.0 {port}" in run_line
+
+
+@pytest.mark.parametrize("ps, kept", [
+    ("a1b2c3 \n", True),  # the gateway (no model label) still mounts the file
+    ("d4e5f6 big\nf7a8b9 small\n", False),  # only the models' containers: each reads its own
+    ("", False),
+])
+def test_the_gateways_key_file_is_kept_only_while_a_container_without_a_model_reads_it(
+        tmp_path: Path, ps: str, kept: bool) -> None:
+    """The delete of the gateway's key command (api_key_commands.api_key_remove_script), run
+    with a fake docker whose `ps` lists the stack's containers that mount a key file, each with
+    its model label: the models' own containers read their own models' files."""
+    import subprocess
+
+    from spark_vllm.components.render import api_key_commands
+    from tests.unit.test_several_graph import two
+
+    spec = two()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "ps.out").write_text(ps)
+    (bin_dir / "docker").write_text(f'#!/bin/sh\n[ "$1" = ps ] && cat {tmp_path}/ps.out\n')
+    (bin_dir / "docker").chmod(0o755)
+    key = tmp_path / ".spark-vllm" / "test" / "api-key" / "key"
+    key.parent.mkdir(parents=True)
+    key.write_text("sk-test\n")
+    proc = subprocess.run(["sh", "-c", api_key_commands.api_key_remove_script(spec, spec.head)],
+                          capture_output=True, text=True, timeout=30,
+                          env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert proc.returncode == 0, proc.stderr
+    assert key.exists() is kept, proc.stderr
+    assert ("kept: a container of this stack still reads it" in proc.stderr) is kept
