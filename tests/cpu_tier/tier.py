@@ -17,20 +17,22 @@ from lab.cpu_tier.nodes import Nodes
 INSTALL_DEADLINE_S = 1200  # a cold install (~6 min) when CI did not install first
 
 
-def cpu_venv() -> str:
-    """The tier's venv: install.sh's last line (~0 s when its stamp matches)."""
-    inst = subprocess.run(["bash", str(REPO_DIR / "lab/cpu_tier/install.sh")],
+def installed(script: str) -> str:
+    """A venv the tier's install script makes (cached: ~0 s): the script's last line."""
+    inst = subprocess.run(["bash", str(REPO_DIR / "lab/cpu_tier" / script)],
                           capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
     assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
     return inst.stdout.strip().splitlines()[-1]
+
+
+def cpu_venv() -> str:
+    """The tier's venv: real vLLM for CPUs (install.sh)."""
+    return installed("install.sh")
 
 
 def gateway_venv() -> str:
-    """LiteLLM's venv, the several part's gateway image: gateway_venv.sh's last line."""
-    inst = subprocess.run(["bash", str(REPO_DIR / "lab/cpu_tier/gateway_venv.sh")],
-                          capture_output=True, text=True, timeout=INSTALL_DEADLINE_S)
-    assert inst.returncode == 0, inst.stdout[-2000:] + inst.stderr[-3000:]
-    return inst.stdout.strip().splitlines()[-1]
+    """LiteLLM's venv, the several part's gateway image (gateway_venv.sh)."""
+    return installed("gateway_venv.sh")
 
 
 def run_runner(argv: list[str], deadline_s: float, what: str) -> subprocess.CompletedProcess[str]:

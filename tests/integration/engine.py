@@ -359,3 +359,18 @@ def read_until(proc: subprocess.Popen[str], stop: Any, deadline_s: float) -> lis
         lines.append(line)
         if stop(line):
             return lines
+
+
+def watch_until_repaired(*extra: str, deadline_s: float = 300) -> list[str]:
+    """`spark-vllm status --watch EXTRA…` on the lab's stack, its output until it says it
+    repaired ("repaired: serving again") or gave up ("stopping:"), then stopped."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, **engine_env()})
+    try:
+        return read_until(watcher, lambda line: "repaired: serving again" in line
+                          or "stopping:" in line, deadline_s=deadline_s)
+    finally:
+        watcher.terminate()
+        watcher.wait(timeout=60)

@@ -23,7 +23,7 @@ from tests.integration.engine import (
     containers,
     engine_env,
     node_sh,
-    read_until,
+    watch_until_repaired,
 )
 from tests.integration.test_lifecycle import assert_serving, lab_identities, ok
 
@@ -160,17 +160,8 @@ def test_a_node_switched_off_is_named_and_the_watcher_repairs_once_it_is_back(
     assert {k: v for k, v in by_role_loose().items() if k[0] == "node-1"} == {
         k: v for k, v in before.items() if k[0] == "node-1"}
 
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch",
-         "--interval", "2", "--max-repairs", "2"], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **engine_env()})
-    try:
-        lines = read_until(watcher, lambda ln: "repaired: serving again" in ln
-                           or "stopping:" in ln, deadline_s=300)
-        assert any("repaired: serving again" in ln for ln in lines), "".join(lines)[-3000:]
-    finally:
-        watcher.terminate()
-        watcher.wait(timeout=30)
+    lines = watch_until_repaired("--interval", "2", "--max-repairs", "2")
+    assert any("repaired: serving again" in ln for ln in lines), "".join(lines)[-3000:]
     after = by_role()
     assert {k for k in LAYOUT if before[k] != after[k]} == {WORKER, VLLM}
     assert_serving(lab, lab_identities())

@@ -36,7 +36,7 @@ from tests.integration.engine import (
     containers,
     engine_env,
     node_sh,
-    read_until,
+    watch_until_repaired,
 )
 from tests.integration.test_day2 import status
 from tests.integration.test_native import summary_of
@@ -141,17 +141,7 @@ def test_the_watcher_repairs_a_dead_model_without_restarting_the_other(lab2m: La
     before = by_name()
     small = f"spark-vllm-{STACK}.small-vllm-leader"
     node_sh("node-2", f"docker kill {small}")
-    watcher = subprocess.Popen(
-        [sys.executable, "-m", "spark_vllm.status", "--stack", STACK, "--watch",
-         "--interval", "1", "--max-repairs", "1"], stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **engine_env()})
-    try:
-        lines = read_until(watcher, lambda line: "repaired: serving again" in line
-                           or "stopping:" in line, deadline_s=300)
-    finally:
-        watcher.terminate()
-        watcher.wait(timeout=60)
-    text = "".join(lines)
+    text = "".join(watch_until_repaired("--interval", "1", "--max-repairs", "1"))
     assert "repaired: serving again" in text, text[-3000:]
     assert "model small" in text and "model big" not in text.split("repairing")[0], text[-3000:]
     after = by_name()
